@@ -1,0 +1,137 @@
+"""Shared helpers: run the real CLI, and a real exporter process on a loopback port."""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+CLI = [sys.executable, "-m", "checkpoint_exporter"]
+
+
+def run_cli(
+    *args: str, cwd: Path | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*CLI, *args], capture_output=True, text=True, cwd=cwd, timeout=timeout, check=False
+    )
+
+
+def require_tool(name: str) -> str:
+    """Path of a toolchain binary; its absence is a set-up error, never a skip."""
+    path = shutil.which(name)
+    if path is None:
+        pytest.fail(f"{name} is not installed: run `make test` (scripts/ensure-toolchain) first")
+    return path
+
+
+@dataclass
+class Response:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    @property
+    def text(self) -> str:
+        return self.body.decode()
+
+
+class Exporter:
+    """``checkpoint-exporter serve`` in a subprocess, listening on an ephemeral loopback port."""
+
+    def __init__(self, *args: str, cwd: Path | None = None):
+        self.process = subprocess.Popen(
+            [*CLI, "serve", "--web.listen-address", "127.0.0.1:0", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=cwd,
+        )
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.log: list[str] = []
+        threading.Thread(target=self._pump, daemon=True).start()
+        self.base = self._wait_for_url()
+
+    def _pump(self) -> None:
+        assert self.process.stderr is not None
+        for line in self.process.stderr:
+            self.lines.put(line)
+        self.lines.put("")
+
+    def _wait_for_url(self, timeout: float = 20) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                line = self.lines.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            self.log.append(line)
+            match = re.search(r"url=(http://\S+?)(/[^\s\"]*)?[\s\"]", line)
+            if "listening" in line and match:
+                return match.group(1)
+            if line == "":
+                break
+        self.process.kill()
+        raise AssertionError("exporter did not start:\n" + "".join(self.log))
+
+    def get(self, path: str, headers: dict[str, str] | None = None) -> Response:
+        request = urllib.request.Request(self.base + path, headers=headers or {})
+        try:
+            with urllib.request.urlopen(request, timeout=10) as reply:
+                return Response(reply.status, dict(reply.headers), reply.read())
+        except urllib.error.HTTPError as error:
+            return Response(error.code, dict(error.headers), error.read())
+
+    def stop(self, signum: int = signal.SIGTERM) -> tuple[int, float]:
+        started = time.monotonic()
+        self.process.send_signal(signum)
+        code = self.process.wait(timeout=10)
+        return code, time.monotonic() - started
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+        for stream in (self.process.stdout, self.process.stderr):
+            if stream:
+                stream.close()
+
+
+@pytest.fixture
+def exporter() -> Iterator[type[Exporter]]:
+    started: list[Exporter] = []
+
+    def start(*args: str, cwd: Path | None = None) -> Exporter:
+        instance = Exporter(*args, cwd=cwd)
+        started.append(instance)
+        return instance
+
+    yield start  # type: ignore[misc]
+    for instance in started:
+        instance.close()
+
+
+def write_config(directory: Path, text: str, name: str = "config.yaml") -> Path:
+    path = directory / name
+    path.write_text(text)
+    return path
+
+
+def as_nobody() -> list[str]:
+    """A command prefix that drops to the unprivileged 'nobody' user (tests run as root in CI)."""
+    if os.geteuid() != 0:
+        return []
+    return [require_tool("setpriv"), "--reuid=nobody", "--regid=nogroup", "--clear-groups"]

@@ -1,0 +1,267 @@
+"""Config loading: defaults, overrides, and every kind of problem reported at once."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+from checkpoint_exporter.config import (
+    DEFAULT_LISTEN_ADDRESS,
+    ConfigError,
+    load_config,
+    parse_config,
+    parse_listen_address,
+)
+from tests.conftest import CLI, as_nobody, run_cli, write_config
+
+
+@pytest.fixture
+def ckpt(tmp_path: Path) -> Path:
+    for name in ("a", "b", "staging-a"):
+        (tmp_path / "ckpt" / name).mkdir(parents=True)
+    return tmp_path
+
+
+def problems_of(text: str, base: Path) -> list[str]:
+    with pytest.raises(ConfigError) as caught:
+        parse_config(text, "test.yaml", base)
+    return [str(problem) for problem in caught.value.problems]
+
+
+def test_defaults_and_per_job_overrides(ckpt: Path) -> None:
+    config = load_config(
+        write_config(
+            ckpt,
+            """
+defaults: {interval: 10m, deadline: 45s, retained_generations: 5}
+jobs:
+  - {name: llama70b, path: ckpt/a, staging: ckpt/staging-a, deadline: 90s, layout: dcp}
+  - {name: mixtral, path: ckpt/b}
+""",
+        )
+    )
+    first, second = config.jobs
+    assert first.path == ckpt / "ckpt" / "a"  # relative to the config file, not the cwd
+    assert first.staging == ckpt / "ckpt" / "staging-a"
+    assert (first.policy.interval, first.policy.deadline, first.policy.layout) == (600, 90, "dcp")
+    assert first.policy.retained_generations == 5
+    assert (second.policy.interval, second.policy.deadline, second.staging) == (600, 45, None)
+    assert second.policy.capacity_reserve == 0.20  # built-in default
+    assert config.web.listen_address == DEFAULT_LISTEN_ADDRESS
+
+
+def test_empty_file_is_the_default_config(tmp_path: Path) -> None:
+    config = load_config(write_config(tmp_path, ""))
+    assert config.jobs == () and config.telemetry.sample_interval == 1.0
+
+
+def test_unknown_key_suggests_the_known_one(ckpt: Path) -> None:
+    (problem,) = problems_of("telemetry: {sample_intervall: 2s}\n", ckpt)
+    assert problem.startswith("test.yaml:1: telemetry.sample_intervall: unknown key")
+    assert "did you mean 'sample_interval'?" in problem
+
+
+def test_bad_durations(ckpt: Path) -> None:
+    found = problems_of(
+        """
+jobs:
+  - {name: a, path: ckpt/a, deadline: 6os}
+  - {name: b, path: ckpt/b, interval: "-5m"}
+defaults: {restore_drill_max_age: 1m1h}
+""",
+        ckpt,
+    )
+    assert any("jobs[0].deadline: invalid duration '6os'" in p for p in found)
+    assert any("jobs[1].interval: invalid duration '-5m'" in p for p in found)
+    assert any("defaults.restore_drill_max_age" in p and "largest to smallest" in p for p in found)
+
+
+@pytest.mark.parametrize(
+    ("snippet", "expected"),
+    [
+        ("defaults: {deadline: 0s}", "defaults.deadline: must be greater than zero"),
+        ("defaults: {interval: 0}", "defaults.interval: must be greater than zero"),
+        ("defaults: {retained_generations: 0}", "must be at least 1, got 0"),
+        ("defaults: {capacity_reserve: 1.5}", "defaults.capacity_reserve: must be at least 0"),
+        ("defaults: {capacity_reserve: -0.1}", "defaults.capacity_reserve: must be at least 0"),
+        ("telemetry: {sample_interval: 0s}", "telemetry.sample_interval: must be greater"),
+        ("discover: [{root: ckpt, max_jobs: 0}]", "discover[0].max_jobs: must be at least 1"),
+        ("defaults: {retained_generations: 2.5}", "expected a whole number"),
+        ("defaults: {layout: pytorch}", "must be one of auto, dcp, torchtitan"),
+        ("telemetry: {network_devices: '([a'}", "invalid regular expression"),
+        ("telemetry: {infiniband: maybe}", "expected true or false"),
+        ("web: {listen_address: 'localhost'}", "expected host:port"),
+        ("web: {listen_address: ':99999'}", "port 99999 is above 65535"),
+        ("web: {telemetry_path: metrics}", "must start with '/'"),
+    ],
+)
+def test_values_out_of_range(ckpt: Path, snippet: str, expected: str) -> None:
+    (problem,) = problems_of(snippet + "\n", ckpt)
+    assert expected in problem
+
+
+def test_duplicate_job_names_and_paths(ckpt: Path) -> None:
+    found = problems_of(
+        """
+jobs:
+  - {name: a, path: ckpt/a}
+  - {name: a, path: ckpt/b}
+  - {name: c, path: ./ckpt/a/}
+""",
+        ckpt,
+    )
+    assert "test.yaml:4: jobs[1].name: duplicate job name 'a' (also jobs[0])" in found
+    assert any("jobs[2].path" in p and "already watched as jobs[0].path" in p for p in found)
+
+
+def test_missing_paths_and_required_keys(ckpt: Path) -> None:
+    (ckpt / "file").write_text("x")
+    found = problems_of(
+        """
+jobs:
+  - {name: a, path: /nonexistent/ckpt}
+  - {name: b, path: file}
+  - {path: ckpt/b}
+discover:
+  - {max_jobs: 3}
+""",
+        ckpt,
+    )
+    assert "test.yaml:3: jobs[0].path: /nonexistent/ckpt does not exist" in found
+    assert any("jobs[1].path" in p and "is not a directory" in p for p in found)
+    assert "test.yaml:5: jobs[2]: missing required key 'name'" in found
+    assert "test.yaml:7: discover[0]: missing required key 'root'" in found
+
+
+def test_every_problem_is_reported_at_once(ckpt: Path) -> None:
+    found = problems_of(
+        """
+web: {listen_adress: ':1'}
+defaults: {deadline: soon}
+jobs:
+  - {name: a, path: ckpt/a, interval: 0s}
+  - {name: 'no/slashes', path: nowhere}
+""",
+        ckpt,
+    )
+    assert len(found) == 5, found
+    assert [p.split(":")[1] for p in found] == ["2", "3", "5", "6", "6"]  # sorted by line
+
+
+def test_unreadable_job_path_is_an_error(ckpt: Path) -> None:
+    """Checked as an unprivileged user: root can read anything, the daemon's user may not."""
+    base = Path(tempfile.mkdtemp(prefix="ckpt-perm-"))
+    try:
+        os.chmod(base, 0o755)
+        (base / "open").mkdir(mode=0o755)
+        (base / "closed").mkdir(mode=0o700)  # owned by root, not searchable by nobody
+        os.chmod(base / "open", 0o755)
+        config = write_config(
+            base,
+            "jobs:\n  - {name: a, path: open}\n  - {name: b, path: closed}\n",
+        )
+        os.chmod(config, 0o644)
+        result = subprocess.run(
+            [*as_nobody(), *CLI, "check-config", "--config.file", str(config)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "HOME": "/"},
+        )
+        assert result.returncode == 2, result.stderr
+        assert "jobs[1].path" in result.stderr and "is not readable by uid" in result.stderr
+        assert "jobs[0]" not in result.stderr
+    finally:
+        subprocess.run(["rm", "-rf", str(base)], check=True)
+
+
+def test_yaml_syntax_error_names_the_line(ckpt: Path) -> None:
+    (problem,) = problems_of("jobs:\n  - {name: a, path: ckpt/a\n", ckpt)
+    assert problem.startswith("test.yaml:3: invalid YAML")
+
+
+def test_duplicate_yaml_keys_are_refused(ckpt: Path) -> None:
+    (problem,) = problems_of("jobs:\n  - name: a\n    path: ckpt/a\n    name: b\n", ckpt)
+    assert problem.startswith("test.yaml:4: jobs[0].name: duplicate key (first defined on line 2)")
+
+
+def test_merge_keys_and_anchors_work(ckpt: Path) -> None:
+    config = parse_config(
+        "defaults: &d {interval: 5m}\njobs:\n  - {<<: *d, name: a, path: ckpt/a, deadline: 30s}\n",
+        "test.yaml",
+        ckpt,
+    )
+    assert (config.jobs[0].policy.interval, config.jobs[0].policy.deadline) == (300, 30)
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        "jobs: !!python/object/apply:os.system ['touch /tmp/pwned-by-config']\n",
+        "jobs:\n  - {name: a, path: !!python/name:os.system x}\n",
+        "defaults: !!python/object:collections.OrderedDict {}\n",
+    ],
+)
+def test_language_tags_are_refused(ckpt: Path, payload: str) -> None:
+    found = problems_of(payload, ckpt)
+    assert any("not allowed" in p or "could not determine a constructor" in p for p in found), found
+    assert not Path("/tmp/pwned-by-config").exists()
+
+
+def test_alias_bomb_is_refused_quickly(ckpt: Path) -> None:
+    lines = ['a0: &a0 ["x", "x", "x", "x", "x", "x", "x", "x", "x", "x"]']
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 9)]
+    (problem,) = problems_of("\n".join(lines) + "\n", ckpt)
+    assert "more than 100000 values" in problem
+
+
+def test_listen_address_forms() -> None:
+    assert parse_listen_address(":25780") == parse_listen_address(":25780")
+    assert (parse_listen_address(":25780").host, parse_listen_address(":25780").port) == ("", 25780)
+    assert parse_listen_address("[::1]:9").host == "::1"
+    assert str(parse_listen_address("[::1]:9")) == "[::1]:9"
+    assert parse_listen_address("node-1.example:80").host == "node-1.example"
+
+
+def test_check_config_prints_the_resolved_config(ckpt: Path) -> None:
+    path = write_config(ckpt, "defaults: {interval: 90s}\njobs: [{name: a, path: ckpt/a}]\n")
+    result = run_cli("check-config", "--config.file", str(path))
+    assert result.returncode == 0, result.stderr
+    resolved = yaml.safe_load(result.stdout)
+    assert resolved["jobs"][0]["interval"] == "1m30s"
+    assert resolved["jobs"][0]["deadline"] == "1m"
+    assert resolved["jobs"][0]["path"] == str(ckpt / "ckpt" / "a")
+    assert "ok (1 jobs" in result.stderr
+
+
+def test_check_config_errors_exit_2(ckpt: Path) -> None:
+    path = write_config(ckpt, "jobs: [{name: a, path: nowhere, deadlin: 5s}]\n")
+    result = run_cli("check-config", "--config.file", str(path))
+    assert result.returncode == 2
+    assert "configuration has 2 problems" in result.stderr
+    assert "did you mean 'deadline'?" in result.stderr
+    assert result.stdout == ""
+
+
+def test_check_config_missing_file(tmp_path: Path) -> None:
+    result = run_cli("check-config", "--config.file", str(tmp_path / "absent.yaml"))
+    assert result.returncode == 2 and "absent.yaml: file does not exist" in result.stderr
+
+
+def test_check_config_requires_a_file() -> None:
+    assert run_cli("check-config").returncode == 2
+
+
+def test_readme_example_config_has_only_valid_keys(tmp_path: Path) -> None:
+    """The README's config block stays in step with the loader: only its paths are missing here."""
+    from tests.conftest import REPO
+
+    readme = (REPO / "README.md").read_text()
+    block = readme.split("## Configuration", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
+    found = problems_of(block, tmp_path)
+    assert found and all(p.endswith("does not exist") for p in found), found
