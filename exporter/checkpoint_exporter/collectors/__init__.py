@@ -1,0 +1,36 @@
+"""One collector per module, each behind ``metrics.SnapshotCollector``.
+
+Every collector gets a ``--collector.<name>`` / ``--no-collector.<name>`` flag; ``REGISTRY``
+says which exist and which run by default.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from checkpoint_exporter.collectors.jobs import JobsCollector
+from checkpoint_exporter.metrics import SnapshotCollector
+
+
+@dataclass(frozen=True)
+class CollectorEntry:
+    factory: Callable[[], SnapshotCollector]
+    enabled_by_default: bool
+    help: str
+
+
+REGISTRY: dict[str, CollectorEntry] = {
+    JobsCollector.name: CollectorEntry(
+        JobsCollector, True, "watched jobs and their objectives (interval, deadline, retention)"
+    ),
+}
+
+
+def enabled_collectors(choices: dict[str, bool]) -> list[SnapshotCollector]:
+    """Instantiate the collectors that ``choices`` (name -> on/off) or their defaults enable."""
+    return [
+        entry.factory()
+        for name, entry in sorted(REGISTRY.items())
+        if choices.get(name, entry.enabled_by_default)
+    ]

@@ -1,0 +1,46 @@
+"""logfmt or JSON log lines on stderr, as node_exporter writes them."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+
+LEVELS = ("debug", "info", "warn", "error")
+FORMATS = ("logfmt", "json")
+
+
+def _quote(value: object) -> str:
+    text = str(value)
+    if text and not any(c in text for c in ' "=\n\t'):
+        return text
+    return json.dumps(text)
+
+
+class _Formatter(logging.Formatter):
+    def __init__(self, style: str):
+        super().__init__()
+        self.style = style
+
+    def format(self, record: logging.LogRecord) -> str:
+        fields = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": {"WARNING": "warn"}.get(record.levelname, record.levelname.lower()),
+            "logger": record.name.removeprefix("checkpoint_exporter."),
+            "msg": record.getMessage(),
+        }
+        if record.exc_info:
+            fields["err"] = self.formatException(record.exc_info)
+        if self.style == "json":
+            return json.dumps(fields)
+        return " ".join(f"{key}={_quote(value)}" for key, value in fields.items())
+
+
+def setup(level: str = "info", style: str = "logfmt") -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_Formatter(style))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel({"warn": logging.WARNING}.get(level, level.upper()))

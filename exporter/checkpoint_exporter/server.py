@@ -1,0 +1,184 @@
+"""HTTP: the landing page, /metrics and /healthz. Renders the current snapshot; no other I/O."""
+
+from __future__ import annotations
+
+import errno
+import gzip
+import html
+import logging
+import socket
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlsplit
+
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.registry import CollectorRegistry
+
+from checkpoint_exporter import __version__
+from checkpoint_exporter.config import ListenAddress, WebConfig, parse_listen_address
+from checkpoint_exporter.model import Snapshot
+from checkpoint_exporter.units import format_duration
+
+log = logging.getLogger(__name__)
+
+
+class _DualStackServer(ThreadingHTTPServer):
+    daemon_threads = True
+    # Prometheus restarts scrapes quickly after an exporter restart; don't wait out TIME_WAIT.
+    allow_reuse_address = True
+
+    def server_bind(self) -> None:
+        if self.address_family == socket.AF_INET6 and self.server_address[0] == "::":
+            self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        super().server_bind()
+
+
+def _bind(host: str, port: int, handler: type[BaseHTTPRequestHandler]) -> ThreadingHTTPServer:
+    if host:
+        candidates = [(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0], host)]
+    else:
+        # ":port" means every interface: IPv6 with IPv4 mapped in, else plain IPv4.
+        candidates = [(socket.AF_INET6, "::")] if socket.has_ipv6 else []
+        candidates.append((socket.AF_INET, "0.0.0.0"))
+    for attempt, (family, bind_host) in enumerate(candidates, start=1):
+        server_class = type("_Server", (_DualStackServer,), {"address_family": family})
+        try:
+            return server_class((bind_host, port), handler)
+        except OSError as error:
+            if attempt == len(candidates) or error.errno == errno.EADDRINUSE:
+                raise
+            log.debug("cannot listen on %s (%s); trying the next address family", bind_host, error)
+    raise AssertionError("unreachable")
+
+
+def landing_page(snapshot: Snapshot, telemetry_path: str) -> str:
+    rows = "".join(
+        "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>".format(
+            html.escape(job.name),
+            html.escape(job.layout),
+            "<br>".join(html.escape(f"{p.tier}: {p.path}") for p in job.paths),
+            format_duration(job.interval_seconds),
+            format_duration(job.deadline_seconds),
+        )
+        for job in snapshot.jobs
+    )
+    jobs = (
+        f"<table><tr><th>training job</th><th>layout</th><th>paths</th><th>interval</th>"
+        f"<th>deadline</th></tr>{rows}</table>"
+        if snapshot.jobs
+        else "<p>No training jobs are configured: add <code>jobs:</code> or "
+        "<code>discover:</code> to the config file.</p>"
+    )
+    path = html.escape(telemetry_path)
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>checkpoint-exporter</title>
+<style>body{{font-family:sans-serif;margin:2em}}td,th{{padding:.2em .8em;text-align:left}}
+th{{border-bottom:1px solid #999}}</style></head>
+<body><h1>checkpoint-exporter</h1>
+<p>Version {html.escape(__version__)}. Is every training job's state reaching recoverable storage
+before its deadline?</p>
+<ul><li><a href="{path}">Metrics</a></li><li><a href="/healthz">Health</a></li></ul>
+<h2>Watched jobs</h2>{jobs}
+</body></html>
+"""
+
+
+class MetricsServer:
+    """Serves ``registry`` and a landing page built from the current snapshot."""
+
+    def __init__(
+        self, web: WebConfig, registry: CollectorRegistry, snapshot: Callable[[], Snapshot]
+    ) -> None:
+        self.web = web
+        address = parse_listen_address(web.listen_address)
+        handler = type("_BoundHandler", (_Handler,), {"exporter": self})
+        self._httpd = _bind(address.host, address.port, handler)
+        self.registry = registry
+        self.snapshot = snapshot
+        self._thread: threading.Thread | None = None
+
+    @property
+    def address(self) -> ListenAddress:
+        host, port = self._httpd.server_address[:2]
+        return ListenAddress(str(host), int(port))
+
+    @property
+    def url(self) -> str:
+        address = self.address
+        if address.host in ("::", "0.0.0.0"):
+            address = ListenAddress("localhost", address.port)
+        return f"http://{address}{self.web.telemetry_path}"
+
+    def start(self) -> None:
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever,
+            kwargs={"poll_interval": 0.2},
+            name="http",
+            daemon=True,
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._httpd.shutdown()
+            self._thread.join(timeout=2)
+        self._httpd.server_close()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    exporter: MetricsServer
+    server_version = f"checkpoint-exporter/{__version__}"
+    sys_version = ""  # don't advertise the Python version to the network
+    protocol_version = "HTTP/1.1"
+    timeout = 30  # a stalled client cannot hold a thread forever
+    # Headers and body go out in two writes; with Nagle on, the client's delayed ACK adds 40 ms.
+    disable_nagle_algorithm = True
+
+    def do_GET(self) -> None:
+        self._respond(head=False)
+
+    def do_HEAD(self) -> None:
+        self._respond(head=True)
+
+    def _respond(self, head: bool) -> None:
+        self._head = head
+        path = urlsplit(self.path).path
+        web = self.exporter.web
+        if path == web.telemetry_path:
+            self._metrics()
+        elif path == "/healthz":
+            self._send(200, "text/plain; charset=utf-8", b"ok\n")
+        elif path == "/" and web.telemetry_path != "/":
+            page = landing_page(self.exporter.snapshot(), web.telemetry_path)
+            self._send(200, "text/html; charset=utf-8", page.encode())
+        else:
+            self._send(404, "text/plain; charset=utf-8", b"not found\n")
+
+    def _metrics(self) -> None:
+        encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
+        try:
+            body = encoder(self.exporter.registry)
+        except Exception:
+            log.exception("rendering metrics failed")
+            self._send(500, "text/plain; charset=utf-8", b"error rendering metrics\n")
+            return
+        encoding = None
+        if "gzip" in self.headers.get("Accept-Encoding", ""):
+            body, encoding = gzip.compress(body, compresslevel=1), "gzip"
+        self._send(200, content_type, body, encoding)
+
+    def _send(
+        self, status: int, content_type: str, body: bytes, encoding: str | None = None
+    ) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        if encoding:
+            self.send_header("Content-Encoding", encoding)
+        self.end_headers()
+        if not self._head:
+            self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        log.debug("http %s %s", self.address_string(), format % args)
