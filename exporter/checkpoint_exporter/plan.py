@@ -1,0 +1,607 @@
+"""The sizing worksheet: a model and a cluster in, the objectives the alerts enforce out.
+
+Pure arithmetic over numbers (decimal units: GB = 1e9 bytes, TB = 1e12 bytes; single-direction
+rates). Every rate ending in ``_gbps`` is gigabytes per second, except the input ``link_gbps``,
+which is gigabits per second because that is how network links are sold (400 Gb/s = 50 GB/s).
+
+The equations are the seed article's worksheet (its sections 3 to 5); the interval comes from
+Young (1974) and Daly (2006). See docs/plan.md for the derivations.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+import textwrap
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any
+
+from checkpoint_exporter.units import format_duration, parse_duration
+
+NUMBER = "number"
+COUNT = "count"  # a whole number
+SECONDS = "seconds"  # also accepts a duration such as 15m
+PARAMETERS = "parameters"  # also accepts 70B, 405B, 1.5T
+
+
+def _input(
+    help: str,
+    unit: str = "",
+    kind: str = NUMBER,
+    default: float | None = None,
+    required: bool = False,
+) -> Any:
+    return field(
+        default=default, metadata={"help": help, "unit": unit, "kind": kind, "required": required}
+    )
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """Worksheet inputs; names are the YAML keys of ``plan --config`` and, dashed, its flags."""
+
+    parameters: float = _input("model parameters (70e9, 70B)", "", PARAMETERS, required=True)
+    bytes_per_parameter: float = _input(
+        "persisted bytes per parameter (14: bf16 weights + fp32 master + two Adam moments)",
+        "B",
+        default=14.0,
+    )
+    extra_fraction: float = _input(
+        "allowance for other saved state and serialisation, as a fraction", default=0.10
+    )
+    jobs: int = _input("concurrent training jobs that may save at once", kind=COUNT, default=1)
+    servers_per_job: int = _input(
+        "servers each job's checkpoint is sharded over", kind=COUNT, default=1
+    )
+    transfer_seconds: float = _input(
+        "deadline: save start to durable commit", "s", SECONDS, required=True
+    )
+    interval_seconds: float = _input("time between checkpoint starts", "s", SECONDS, required=True)
+    utilization_ceiling: float = _input(
+        "highest planned utilisation of the storage service, in (0, 1]", default=0.70
+    )
+    retained_generations: int = _input("committed generations kept per job", kind=COUNT, default=3)
+    overhead_seconds: float = _input(
+        "non-overlapping planning, metadata and commit time inside the deadline",
+        "s",
+        SECONDS,
+        default=0.0,
+    )
+    link_gbps: float = _input(
+        "one aggregate network path unit, in gigabits per second", "Gb/s", default=400.0
+    )
+    free_space_reserve: float = _input(
+        "share of usable capacity kept free, in [0, 1)", default=0.20
+    )
+    staged_generations_in_memory: int = _input(
+        "checkpoint images each server holds in host memory at once", kind=COUNT, default=1
+    )
+    mtbf_seconds: float | None = _input(
+        "mean time between job interruptions (for Young / Daly)", "s", SECONDS
+    )
+    save_seconds: float | None = _input(
+        "training-visible cost of one save (default: transfer_seconds; "
+        "with async checkpointing use the blocking time)",
+        "s",
+        SECONDS,
+    )
+    restart_seconds: float = _input(
+        "time to restart and reload after a failure", "s", SECONDS, default=0.0
+    )
+    inference_bytes_per_parameter: float = _input(
+        "bytes per parameter an inference replica loads", "B", default=2.0
+    )
+    node_read_gbps: float | None = _input("one node's storage read bandwidth", "GB/s")
+
+
+INPUT_FIELDS = {f.name: f for f in fields(PlanInputs)}
+
+# Keys of the JSON / YAML output, in the order DESIGN.md lists them.
+OUTPUT_KEYS = (
+    "checkpoint_gb",
+    "per_server_gb",
+    "payload_per_job_gbps",
+    "payload_per_server_gbps",
+    "burst_gbps",
+    "service_gbps",
+    "average_gbps",
+    "effective_transfer_seconds",
+    "link_units",
+    "degraded_capacity_gbps",
+    "retained_usable_tb",
+    "peak_footprint_tb",
+    "provisioned_usable_tb",
+    "staging_per_server_gb",
+    "young_interval_seconds",
+    "daly_interval_seconds",
+    "waste_fraction",
+    "optimal_waste_fraction",
+    "inference_load_seconds",
+)
+
+# The seed article's worked example: four 70B jobs on 32 servers (its sections 3 to 5).
+WORKED_EXAMPLE: dict[str, float] = {
+    "parameters": 70e9,
+    "bytes_per_parameter": 14,
+    "extra_fraction": 0.10,
+    "jobs": 4,
+    "servers_per_job": 8,
+    "transfer_seconds": 60,
+    "interval_seconds": 900,
+    "utilization_ceiling": 0.70,
+    "retained_generations": 3,
+    "link_gbps": 400,
+    "free_space_reserve": 0.20,
+    "staged_generations_in_memory": 2,
+}
+
+
+class PlanInputError(ValueError):
+    """Invalid worksheet inputs; ``problems`` holds (input name, reason) pairs."""
+
+    def __init__(self, problems: list[tuple[str, str]]):
+        super().__init__("; ".join(f"{name}: {reason}" for name, reason in problems))
+        self.problems = problems
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    inputs: PlanInputs
+    checkpoint_gb: float
+    per_server_gb: float
+    payload_per_job_gbps: float
+    payload_per_server_gbps: float
+    burst_gbps: float
+    service_gbps: float
+    average_gbps: float
+    effective_transfer_seconds: float
+    link_units: int
+    degraded_capacity_gbps: float
+    retained_usable_tb: float
+    peak_footprint_tb: float
+    provisioned_usable_tb: float
+    staging_per_server_gb: float
+    young_interval_seconds: float | None
+    daly_interval_seconds: float | None
+    waste_fraction: float | None
+    optimal_waste_fraction: float | None
+    inference_load_seconds: float | None
+    warnings: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {key: getattr(self, key) for key in OUTPUT_KEYS}
+        out["warnings"] = list(self.warnings)
+        out["inputs"] = asdict(self.inputs)
+        return out
+
+
+# --- inputs ------------------------------------------------------------------------------------
+
+_SCALE = {"K": 1e3, "M": 1e6, "B": 1e9, "T": 1e12}
+
+
+def _number(value: object, kind: str) -> float:
+    if isinstance(value, bool):
+        raise ValueError(f"expected a number, got {value!r}")
+    if isinstance(value, (int, float)):
+        number = float(value)
+    elif isinstance(value, str):
+        text = value.strip().replace("_", "").replace(",", "")
+        match = re.fullmatch(r"([0-9.eE+-]+)([KMBT])", text) if kind == PARAMETERS else None
+        try:
+            if match:
+                number = float(match.group(1)) * _SCALE[match.group(2)]
+            elif kind == SECONDS and re.search(r"[a-z]$", text):
+                number = parse_duration(text)
+            else:
+                number = float(text)
+        except ValueError:
+            hint = {SECONDS: " or a duration such as 15m", PARAMETERS: " such as 70e9 or 70B"}
+            raise ValueError(f"expected a number{hint.get(kind, '')}, got {value!r}") from None
+    else:
+        raise ValueError(f"expected a number, got {type(value).__name__}")
+    if not math.isfinite(number):
+        raise ValueError(f"must be a finite number, got {value!r}")
+    if kind == COUNT:
+        if number != int(number):
+            raise ValueError(f"must be a whole number, got {value!r}")
+        return int(number)
+    return number
+
+
+def parse_inputs(raw: Mapping[str, object]) -> PlanInputs:
+    """Inputs from YAML keys or flags; reports every bad, missing or unknown input at once."""
+    problems: list[tuple[str, str]] = []
+    values: dict[str, Any] = {}
+    for name, value in raw.items():
+        spec = INPUT_FIELDS.get(name)
+        if spec is None:
+            close = difflib.get_close_matches(str(name), list(INPUT_FIELDS), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            problems.append((str(name), f"unknown input{hint}"))
+            continue
+        if value is None:
+            continue
+        try:
+            values[name] = _number(value, spec.metadata["kind"])
+        except ValueError as error:
+            problems.append((name, str(error)))
+    for name, spec in INPUT_FIELDS.items():
+        if spec.metadata["required"] and name not in values and name not in dict(problems):
+            problems.append((name, "is required"))
+    problems += validate(values)
+    if problems:
+        raise PlanInputError(problems)
+    return PlanInputs(**values)
+
+
+def validate(values: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Every reason the given inputs cannot describe a real cluster, by input name.
+
+    Inputs absent from ``values`` (or None) are not checked, so a missing input does not hide
+    the problems of the others.
+    """
+    problems: list[tuple[str, str]] = []
+
+    def need(name: str, check: Callable[[float], bool], reason: str) -> None:
+        value = values.get(name)
+        if value is not None and not check(value):
+            problems.append((name, f"{reason}, got {value!r}"))
+
+    def positive(value: float) -> bool:
+        return value > 0
+
+    def not_negative(value: float) -> bool:
+        return value >= 0
+
+    def at_least_one(value: float) -> bool:
+        return value >= 1
+
+    need("parameters", positive, "must be greater than zero")
+    need("bytes_per_parameter", positive, "must be greater than zero")
+    need("extra_fraction", not_negative, "must not be negative")
+    need("jobs", at_least_one, "must be at least 1")
+    need("servers_per_job", at_least_one, "must be at least 1")
+    need("transfer_seconds", positive, "the deadline must be greater than zero")
+    need("interval_seconds", positive, "must be greater than zero")
+    need("utilization_ceiling", lambda v: 0 < v <= 1, "must be above 0 and at most 1")
+    need("retained_generations", at_least_one, "must be at least 1")
+    need("overhead_seconds", not_negative, "must not be negative")
+    deadline = values.get("transfer_seconds")
+    if deadline is not None and deadline > 0:
+        need(
+            "overhead_seconds",
+            lambda v: v < deadline,
+            f"must be shorter than the deadline (transfer_seconds {deadline:g}): "
+            "no time would be left to transfer",
+        )
+    need("link_gbps", positive, "must be greater than zero")
+    need("free_space_reserve", lambda v: 0 <= v < 1, "must be at least 0 and below 1")
+    need("staged_generations_in_memory", not_negative, "must not be negative")
+    need("mtbf_seconds", positive, "must be greater than zero")
+    need("save_seconds", positive, "must be greater than zero")
+    need("node_read_gbps", positive, "must be greater than zero")
+    need("restart_seconds", not_negative, "must not be negative")
+    need("inference_bytes_per_parameter", positive, "must be greater than zero")
+    return problems
+
+
+# --- arithmetic --------------------------------------------------------------------------------
+
+
+def young_interval(save_seconds: float, mtbf_seconds: float) -> float:
+    """Young (1974): sqrt(2 x save x MTBF), first order."""
+    return math.sqrt(2 * save_seconds * mtbf_seconds)
+
+
+def daly_interval(save_seconds: float, mtbf_seconds: float) -> float:
+    """Daly (2006): the higher-order optimum; MTBF itself once a save takes 2 x MTBF or more."""
+    if save_seconds >= 2 * mtbf_seconds:
+        return mtbf_seconds
+    ratio = save_seconds / (2 * mtbf_seconds)
+    return (
+        math.sqrt(2 * save_seconds * mtbf_seconds) * (1 + math.sqrt(ratio) / 3 + ratio / 9)
+        - save_seconds
+    )
+
+
+def waste_fraction(
+    save_seconds: float, interval_seconds: float, mtbf_seconds: float, restart_seconds: float
+) -> float:
+    """Share of GPU time lost: saving, plus on each failure half an interval of lost work and
+    the restart."""
+    return save_seconds / interval_seconds + (interval_seconds / 2 + restart_seconds) / mtbf_seconds
+
+
+def compute(inputs: PlanInputs) -> PlanResult:
+    problems = validate(asdict(inputs))
+    if problems:
+        raise PlanInputError(problems)
+    checkpoint_gb = (
+        inputs.parameters * inputs.bytes_per_parameter / 1e9 * (1 + inputs.extra_fraction)
+    )
+    per_server_gb = checkpoint_gb / inputs.servers_per_job
+    window = inputs.transfer_seconds - inputs.overhead_seconds
+    burst = inputs.jobs * checkpoint_gb / window
+    service = burst / inputs.utilization_ceiling
+    unit_gbytes = inputs.link_gbps / 8
+    # The tolerance keeps float noise (3.0000000001 units) from buying a whole extra link.
+    link_units = max(1, math.ceil(service / unit_gbytes - 1e-9))
+    peak_tb = inputs.jobs * (inputs.retained_generations + 1) * checkpoint_gb / 1000
+    save = inputs.save_seconds if inputs.save_seconds is not None else inputs.transfer_seconds
+    mtbf = inputs.mtbf_seconds
+    young = young_interval(save, mtbf) if mtbf else None
+    result = PlanResult(
+        inputs=inputs,
+        checkpoint_gb=checkpoint_gb,
+        per_server_gb=per_server_gb,
+        payload_per_job_gbps=checkpoint_gb / window,
+        payload_per_server_gbps=per_server_gb / window,
+        burst_gbps=burst,
+        service_gbps=service,
+        average_gbps=inputs.jobs * checkpoint_gb / inputs.interval_seconds,
+        effective_transfer_seconds=window,
+        link_units=link_units,
+        degraded_capacity_gbps=(link_units - 1) * unit_gbytes,
+        retained_usable_tb=inputs.jobs * inputs.retained_generations * checkpoint_gb / 1000,
+        peak_footprint_tb=peak_tb,
+        provisioned_usable_tb=peak_tb / (1 - inputs.free_space_reserve),
+        staging_per_server_gb=per_server_gb * inputs.staged_generations_in_memory,
+        young_interval_seconds=young,
+        daly_interval_seconds=daly_interval(save, mtbf) if mtbf else None,
+        waste_fraction=(
+            waste_fraction(save, inputs.interval_seconds, mtbf, inputs.restart_seconds)
+            if mtbf
+            else None
+        ),
+        optimal_waste_fraction=(
+            waste_fraction(save, young, mtbf, inputs.restart_seconds) if mtbf and young else None
+        ),
+        inference_load_seconds=(
+            inputs.parameters * inputs.inference_bytes_per_parameter / 1e9 / inputs.node_read_gbps
+            if inputs.node_read_gbps
+            else None
+        ),
+    )
+    return _with_warnings(result)
+
+
+def _with_warnings(result: PlanResult) -> PlanResult:
+    inputs = result.inputs
+    warnings: list[str] = []
+    if inputs.interval_seconds < inputs.transfer_seconds:
+        warnings.append(
+            f"interval_seconds ({inputs.interval_seconds:g}) is shorter than the deadline "
+            f"({inputs.transfer_seconds:g} s): a new save starts before the last must be durable, "
+            "so saves can pile up."
+        )
+    if result.degraded_capacity_gbps < result.service_gbps:
+        meets = "still meets" if result.degraded_capacity_gbps >= result.burst_gbps else "misses"
+        warnings.append(
+            f"With one of {result.link_units} link units lost, {result.degraded_capacity_gbps:.2f} "
+            f"GB/s remains: below the {result.service_gbps:.2f} GB/s service target, and it "
+            f"{meets} the {result.burst_gbps:.2f} GB/s burst. Decide whether a degraded system "
+            "must meet the original deadline, a relaxed one, or only stay correct."
+        )
+    if result.daly_interval_seconds and not (
+        0.5 <= inputs.interval_seconds / result.daly_interval_seconds <= 2
+    ):
+        warnings.append(
+            f"interval_seconds ({inputs.interval_seconds:g}) is "
+            f"{inputs.interval_seconds / result.daly_interval_seconds:.1f}x Daly's optimum "
+            f"({result.daly_interval_seconds:.0f} s): {result.waste_fraction:.1%} of GPU time "
+            f"lost against {result.optimal_waste_fraction:.1%} near the optimum."
+        )
+    return replace(result, warnings=tuple(warnings))
+
+
+# --- presentation ------------------------------------------------------------------------------
+
+
+def objectives_yaml(result: PlanResult) -> str:
+    """A ``defaults:`` block for the exporter config: the interval and deadline planned here."""
+    inputs = result.inputs
+    lines = ["# From `checkpoint-exporter plan`: paste into the exporter config."]
+    if result.daly_interval_seconds:
+        lines.append(
+            f"# Daly's optimum for a {inputs.save_seconds or inputs.transfer_seconds:g} s save and "
+            f"an MTBF of {format_duration(inputs.mtbf_seconds or 0)} is "
+            f"{format_duration(round(result.daly_interval_seconds))}."
+        )
+    lines += [
+        "defaults:",
+        f"  interval: {format_duration(inputs.interval_seconds)}",
+        f"  deadline: {format_duration(inputs.transfer_seconds)}",
+        f"  retained_generations: {inputs.retained_generations}",
+        f"  capacity_reserve: {inputs.free_space_reserve:g}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _seconds(value: float) -> str:
+    return f"{value:,.1f} s ({format_duration(round(value))})"
+
+
+def _ratio(value: float) -> str:
+    return f"{value:.2%}"
+
+
+def _optional(
+    key: str, value: float | None, render: Callable[[float], str], meaning: str, missing: str
+) -> tuple[str, str, str]:
+    return (key, "—", missing) if value is None else (key, render(value), meaning)
+
+
+def _gb(value: float) -> str:
+    return f"{value:,.2f} GB"
+
+
+def _rate(value: float) -> str:
+    return f"{value:,.2f} GB/s"
+
+
+def _tb(value: float) -> str:
+    return f"{value:,.3f} TB"
+
+
+def format_table(result: PlanResult) -> str:
+    """The worksheet as a person reads it; key names match the JSON output."""
+    inputs = result.inputs
+    save = inputs.save_seconds if inputs.save_seconds is not None else inputs.transfer_seconds
+    needs_mtbf = "needs mtbf_seconds"
+    daly_ratio = (
+        f"interval_seconds is {inputs.interval_seconds / result.daly_interval_seconds:.2f}x this"
+        if result.daly_interval_seconds
+        else ""
+    )
+    sections: list[tuple[str, list[tuple[str, str, str]]]] = [
+        (
+            "Checkpoint",
+            [
+                (
+                    "checkpoint_gb",
+                    _gb(result.checkpoint_gb),
+                    "one logical checkpoint: P x b x (1 + extra)",
+                ),
+                ("per_server_gb", _gb(result.per_server_gb), "balanced over servers_per_job"),
+            ],
+        ),
+        (
+            f"Throughput (window {result.effective_transfer_seconds:g} s = deadline "
+            f"{inputs.transfer_seconds:g} s - overhead {inputs.overhead_seconds:g} s)",
+            [
+                (
+                    "payload_per_job_gbps",
+                    _rate(result.payload_per_job_gbps),
+                    "one job inside the window",
+                ),
+                (
+                    "payload_per_server_gbps",
+                    _rate(result.payload_per_server_gbps),
+                    "one server's share",
+                ),
+                ("burst_gbps", _rate(result.burst_gbps), "every job saving at once"),
+                (
+                    "service_gbps",
+                    _rate(result.service_gbps),
+                    f"burst / utilization ceiling {inputs.utilization_ceiling:g}: size for this",
+                ),
+                (
+                    "average_gbps",
+                    _rate(result.average_gbps),
+                    f"over the {inputs.interval_seconds:g} s interval: not what to buy",
+                ),
+            ],
+        ),
+        (
+            f"Network ({inputs.link_gbps:g} Gb/s per aggregate-path unit = "
+            f"{inputs.link_gbps / 8:g} GB/s)",
+            [
+                (
+                    "link_units",
+                    str(result.link_units),
+                    "units needed for the service rate (lower bound)",
+                ),
+                (
+                    "degraded_capacity_gbps",
+                    _rate(result.degraded_capacity_gbps),
+                    "left with one unit lost",
+                ),
+            ],
+        ),
+        (
+            "Capacity",
+            [
+                (
+                    "retained_usable_tb",
+                    _tb(result.retained_usable_tb),
+                    "retained generations, all jobs",
+                ),
+                (
+                    "peak_footprint_tb",
+                    _tb(result.peak_footprint_tb),
+                    "plus every job's next save in progress",
+                ),
+                (
+                    "provisioned_usable_tb",
+                    _tb(result.provisioned_usable_tb),
+                    f"peak with {inputs.free_space_reserve:.0%} kept free",
+                ),
+                (
+                    "staging_per_server_gb",
+                    _gb(result.staging_per_server_gb),
+                    f"host memory for {inputs.staged_generations_in_memory} staged image(s)",
+                ),
+            ],
+        ),
+        (
+            f"Interval (save cost {save:g} s)",
+            [
+                _optional(
+                    "young_interval_seconds",
+                    result.young_interval_seconds,
+                    _seconds,
+                    "sqrt(2 x save x MTBF)",
+                    needs_mtbf,
+                ),
+                _optional(
+                    "daly_interval_seconds",
+                    result.daly_interval_seconds,
+                    _seconds,
+                    daly_ratio,
+                    needs_mtbf,
+                ),
+                _optional(
+                    "waste_fraction",
+                    result.waste_fraction,
+                    _ratio,
+                    "GPU time lost at interval_seconds",
+                    needs_mtbf,
+                ),
+                _optional(
+                    "optimal_waste_fraction",
+                    result.optimal_waste_fraction,
+                    _ratio,
+                    "GPU time lost at Young's interval",
+                    needs_mtbf,
+                ),
+            ],
+        ),
+        (
+            "Inference",
+            [
+                _optional(
+                    "inference_load_seconds",
+                    result.inference_load_seconds,
+                    _seconds,
+                    f"{inputs.inference_bytes_per_parameter:g} B/parameter / node_read_gbps",
+                    "needs node_read_gbps",
+                ),
+            ],
+        ),
+    ]
+    lines = [
+        "Checkpoint sizing worksheet (decimal units: GB = 1e9 bytes; single-direction rates)",
+        "",
+    ]
+    lines.append("Inputs")
+    for name, spec in INPUT_FIELDS.items():
+        value = getattr(inputs, name)
+        unit = spec.metadata["unit"]
+        if value is None:
+            shown = "—"
+        else:
+            shown = f"{value:,.0f}" if name == "parameters" else f"{value:g}"
+            shown += f" {unit}" if unit else ""
+        lines.append(f"  {name:<30} {shown:>18}")
+    for title, rows in sections:
+        lines += ["", title]
+        for key, value, meaning in rows:
+            lines.append(f"  {key:<30} {value:>18}   {meaning}")
+    if result.warnings:
+        lines += ["", "Warnings"]
+        for warning in result.warnings:
+            lines += textwrap.wrap(warning, 96, initial_indent="  - ", subsequent_indent="    ")
+    return "\n".join(lines) + "\n"
