@@ -1,0 +1,330 @@
+"""The ``checkpoint-exporter`` command: serve (default) | check-config | plan.
+
+Exit status: 0 ok, 2 usage or configuration error, 1 runtime failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from checkpoint_exporter import __version__, logs
+
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+VERBS = ("serve", "check-config", "plan")
+
+log = logging.getLogger("checkpoint_exporter")
+
+
+def _add_common(parser: argparse.ArgumentParser, config_required: bool = False) -> None:
+    parser.add_argument(
+        "--config.file",
+        dest="config_file",
+        metavar="FILE",
+        required=config_required,
+        help="exporter configuration (YAML)",
+    )
+    parser.add_argument("--log.level", dest="log_level", choices=logs.LEVELS, default="info")
+    parser.add_argument("--log.format", dest="log_format", choices=logs.FORMATS, default="logfmt")
+
+
+def _add_serve(parser: argparse.ArgumentParser) -> None:
+    from checkpoint_exporter.collectors import REGISTRY
+    from checkpoint_exporter.config import DEFAULT_LISTEN_ADDRESS
+
+    _add_common(parser)
+    web = parser.add_argument_group("web")
+    web.add_argument(
+        "--web.listen-address",
+        dest="listen_address",
+        metavar="HOST:PORT",
+        help=f"address to listen on (default {DEFAULT_LISTEN_ADDRESS}, or web.listen_address)",
+    )
+    web.add_argument(
+        "--web.telemetry-path",
+        dest="telemetry_path",
+        metavar="PATH",
+        help="path under which to expose metrics (default /metrics)",
+    )
+    web.add_argument(
+        "--web.config.file",
+        dest="web_config_file",
+        metavar="FILE",
+        help="exporter-toolkit web configuration for TLS and basic auth",
+    )
+    web.add_argument(
+        "--web.enable-exporter-metrics",
+        dest="runtime_metrics",
+        action="store_true",
+        help="also export the process_*, python_* and gc metrics of the exporter itself",
+    )
+    paths = parser.add_argument_group("paths")
+    for name in ("procfs", "sysfs", "rootfs"):
+        paths.add_argument(f"--path.{name}", dest=name, metavar="DIR", help=f"{name} mount point")
+    collectors = parser.add_argument_group("collectors")
+    for name, entry in sorted(REGISTRY.items()):
+        default = "enabled" if entry.enabled_by_default else "disabled"
+        collectors.add_argument(
+            f"--collector.{name}",
+            dest=f"collector_{name}",
+            action=argparse.BooleanOptionalAction,
+            default=None,
+            help=f"{entry.help} (default: {default})",
+        )
+
+
+def _add_plan(parser: argparse.ArgumentParser) -> None:
+    from checkpoint_exporter.plan import INPUT_FIELDS
+
+    parser.add_argument("--config", metavar="FILE", help="YAML file of plan inputs (keys as below)")
+    parser.add_argument(
+        "--example",
+        action="store_true",
+        help="start from the seed article's worked example (four 70B jobs on 32 servers)",
+    )
+    parser.add_argument("--format", choices=("table", "json", "yaml"), default="table")
+    parser.add_argument(
+        "--emit-objectives",
+        action="store_true",
+        help="print a defaults: block (interval, deadline) for the exporter config",
+    )
+    inputs = parser.add_argument_group("inputs (override --config and --example)")
+    for name, spec in INPUT_FIELDS.items():
+        meta = spec.metadata
+        default = "required" if meta["required"] else f"default {spec.default}"
+        unit = f" [{meta['unit']}]" if meta["unit"] else ""
+        inputs.add_argument(
+            "--" + name.replace("_", "-"),
+            dest=name,
+            metavar="N",
+            help=f"{meta['help']}{unit} ({default})",
+        )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="checkpoint-exporter",
+        description="Prometheus exporter for GPU training checkpoints. "
+        "Without a verb, runs `serve`.",
+    )
+    parser.add_argument("--version", action="version", version=f"checkpoint-exporter {__version__}")
+    verbs = parser.add_subparsers(dest="verb", metavar="VERB")
+    _add_serve(verbs.add_parser("serve", help="watch checkpoints and serve metrics (default)"))
+    check = verbs.add_parser("check-config", help="validate a config file and print it resolved")
+    _add_common(check, config_required=True)
+    _add_plan(verbs.add_parser("plan", help="sizing worksheet: model and cluster -> objectives"))
+    return parser
+
+
+def _with_default_verb(argv: Sequence[str]) -> list[str]:
+    argv = list(argv)
+    if argv and (argv[0] in VERBS or argv[0] in ("-h", "--help", "--version")):
+        return argv
+    return ["serve", *argv]
+
+
+# --- verbs -------------------------------------------------------------------------------------
+
+
+def _load_config(config_file: str | None) -> Any:
+    from checkpoint_exporter.config import Config, load_config
+
+    if config_file is None:
+        return Config()
+    return load_config(config_file)
+
+
+def _report_config_error(error: Exception) -> int:
+    problems = getattr(error, "problems", [])
+    noun = "problem" if len(problems) == 1 else "problems"
+    print(f"configuration has {len(problems)} {noun}:", file=sys.stderr)
+    for problem in problems:
+        print(f"  {problem}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _apply_flags(config: Any, args: argparse.Namespace) -> Any:
+    from checkpoint_exporter.config import parse_listen_address
+
+    web = config.web
+    if args.listen_address is not None:
+        parse_listen_address(args.listen_address)
+        web = replace(web, listen_address=args.listen_address)
+    if args.telemetry_path is not None:
+        if not args.telemetry_path.startswith("/"):
+            raise ValueError(
+                f"--web.telemetry-path must start with '/', got {args.telemetry_path!r}"
+            )
+        web = replace(web, telemetry_path=args.telemetry_path)
+    if args.web_config_file is not None:
+        web = replace(web, config_file=Path(args.web_config_file))
+    paths = replace(
+        config.paths,
+        **{
+            name: Path(getattr(args, name))
+            for name in ("procfs", "sysfs", "rootfs")
+            if getattr(args, name)
+        },
+    )
+    return replace(config, web=web, paths=paths)
+
+
+class _StopSignal:
+    """Records SIGTERM / SIGINT; the main thread polls it (no locks taken in a signal handler)."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        signal.signal(signal.SIGTERM, self._handle)
+        signal.signal(signal.SIGINT, self._handle)
+
+    def _handle(self, signum: int, _frame: object) -> None:
+        self.received = signum
+
+    def wait(self) -> int:
+        while self.received is None:
+            time.sleep(0.1)
+        return self.received
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from checkpoint_exporter.collectors import REGISTRY, enabled_collectors
+    from checkpoint_exporter.config import ConfigError
+    from checkpoint_exporter.metrics import build_registry
+    from checkpoint_exporter.server import MetricsServer
+    from checkpoint_exporter.tracker import Tracker
+
+    try:
+        config = _apply_flags(_load_config(args.config_file), args)
+    except ConfigError as error:
+        return _report_config_error(error)
+    except ValueError as error:
+        print(f"checkpoint-exporter: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    if config.web.config_file is not None:
+        # Serving plain HTTP when TLS or basic auth was asked for would be a silent downgrade.
+        print(
+            f"checkpoint-exporter: web config file {config.web.config_file}: TLS and basic auth "
+            "are not supported by this version yet; refusing to serve without them",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    choices = {
+        name: getattr(args, f"collector_{name}")
+        for name in REGISTRY
+        if getattr(args, f"collector_{name}") is not None
+    }
+    tracker = Tracker(config)
+    tracker.publish()
+
+    def snapshot() -> Any:
+        return tracker.snapshot
+
+    registry = build_registry(snapshot, enabled_collectors(choices), args.runtime_metrics)
+    try:
+        server = MetricsServer(config.web, registry, snapshot)
+    except OSError as error:
+        log.error("cannot listen on %s: %s", config.web.listen_address, error.strerror or error)
+        return EXIT_FAILURE
+    stop = _StopSignal()
+    server.start()
+    log.info(
+        "listening: address=%s url=%s jobs=%d config=%s",
+        server.address,
+        server.url,
+        len(config.jobs),
+        config.source or "none",
+    )
+    received = stop.wait()
+    log.info("stopping on %s", signal.Signals(received).name)
+    server.stop()
+    return EXIT_OK
+
+
+def _check_config(args: argparse.Namespace) -> int:
+    import yaml
+
+    from checkpoint_exporter.config import ConfigError, config_to_dict, load_config
+
+    try:
+        config = load_config(args.config_file)
+    except ConfigError as error:
+        return _report_config_error(error)
+    sys.stdout.write(yaml.safe_dump(config_to_dict(config), sort_keys=False))
+    print(
+        f"{args.config_file}: ok ({len(config.jobs)} jobs, {len(config.discover)} discover roots)",
+        file=sys.stderr,
+    )
+    return EXIT_OK
+
+
+def _plan(args: argparse.Namespace) -> int:
+    import yaml
+
+    from checkpoint_exporter.config import read_yaml
+    from checkpoint_exporter.plan import (
+        INPUT_FIELDS,
+        WORKED_EXAMPLE,
+        PlanInputError,
+        compute,
+        format_table,
+        objectives_yaml,
+        parse_inputs,
+    )
+
+    raw: dict[str, object] = dict(WORKED_EXAMPLE) if args.example else {}
+    sources = {name: "--example" for name in raw}
+    if args.config:
+        try:
+            text = Path(args.config).read_text(encoding="utf-8")
+        except OSError as error:
+            print(f"plan: {args.config}: {error.strerror}", file=sys.stderr)
+            return EXIT_USAGE
+        document = read_yaml(text, args.config)
+        data = document.data
+        if document.problems:
+            for problem in document.problems:
+                print(f"plan: {problem}", file=sys.stderr)
+            return EXIT_USAGE
+        if data is not None and not isinstance(data, dict):
+            print(f"plan: {args.config}: expected a mapping of inputs", file=sys.stderr)
+            return EXIT_USAGE
+        raw.update(data or {})
+        sources.update({str(name): args.config for name in data or {}})
+    for name in INPUT_FIELDS:
+        if getattr(args, name) is not None:
+            raw[name] = getattr(args, name)
+            sources[name] = "--" + name.replace("_", "-")
+    try:
+        result = compute(parse_inputs(raw))
+    except PlanInputError as error:
+        for name, reason in error.problems:
+            origin = sources.get(name, "--" + name.replace("_", "-"))
+            print(f"plan: {name} ({origin}): {reason}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.emit_objectives:
+        sys.stdout.write(objectives_yaml(result))
+    elif args.format == "json":
+        print(json.dumps(result.to_dict(), indent=2))
+    elif args.format == "yaml":
+        sys.stdout.write(yaml.safe_dump(result.to_dict(), sort_keys=False))
+    else:
+        sys.stdout.write(format_table(result))
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(_with_default_verb(sys.argv[1:] if argv is None else argv))
+    logs.setup(getattr(args, "log_level", "info"), getattr(args, "log_format", "logfmt"))
+    handler = {"serve": _serve, "check-config": _check_config, "plan": _plan}[args.verb]
+    try:
+        return handler(args)
+    except KeyboardInterrupt:
+        return EXIT_FAILURE

@@ -1,0 +1,170 @@
+"""The real `serve` process over loopback HTTP: endpoints, promtool, signals, exit statuses."""
+
+from __future__ import annotations
+
+import gzip
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import CLI, require_tool, run_cli, write_config
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Path:
+    (tmp_path / "ckpt" / "llama70b").mkdir(parents=True)
+    (tmp_path / "stage" / "llama70b").mkdir(parents=True)
+    (tmp_path / "ckpt" / "m<&>").mkdir()
+    return write_config(
+        tmp_path,
+        """
+defaults: {interval: 15m, deadline: 60s}
+jobs:
+  - {name: llama70b, path: ckpt/llama70b, staging: stage/llama70b, deadline: 45s, layout: dcp}
+  - {name: mixtral, path: "ckpt/m<&>", retained_generations: 5}
+""",
+    )
+
+
+def samples(text: str) -> dict[str, float]:
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
+def test_metrics_reflect_the_config(exporter, config: Path, tmp_path: Path) -> None:
+    served = exporter("--config.file", str(config))
+    reply = served.get("/metrics")
+    assert reply.status == 200
+    assert reply.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+    got = samples(reply.text)
+    assert got['checkpoint_deadline_seconds{training_job="llama70b"}'] == 45
+    assert got['checkpoint_interval_seconds{training_job="llama70b"}'] == 900
+    assert got['checkpoint_retained_generations_limit{training_job="mixtral"}'] == 5
+    assert got['checkpoint_restore_drill_max_age_seconds{training_job="llama70b"}'] == 604800
+    durable = tmp_path / "ckpt" / "llama70b"
+    staging = tmp_path / "stage" / "llama70b"
+    assert (
+        got[
+            f'checkpoint_job_info{{layout="dcp",path="{durable}",tier="durable",training_job="llama70b"}}'
+        ]
+        == 1
+    )
+    assert (
+        got[
+            f'checkpoint_job_info{{layout="dcp",path="{staging}",tier="staging",training_job="llama70b"}}'
+        ]
+        == 1
+    )
+    assert got['checkpoint_exporter_scrape_collector_success{collector="jobs"}'] == 1
+    assert 'checkpoint_exporter_scrape_collector_duration_seconds{collector="jobs"}' in got
+    assert any(name.startswith("checkpoint_exporter_build_info{") for name in got)
+    # The default process/platform/gc collectors are off unless asked for.
+    assert not any(name.startswith(("process_", "python_", "python_gc")) for name in got)
+
+
+def test_promtool_accepts_the_exposition(exporter, config: Path) -> None:
+    body = exporter("--config.file", str(config)).get("/metrics").body
+    result = subprocess.run(
+        [require_tool("promtool"), "check", "metrics"], input=body, capture_output=True, timeout=60
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_openmetrics_and_gzip(exporter, config: Path) -> None:
+    served = exporter("--config.file", str(config))
+    reply = served.get("/metrics", {"Accept": "application/openmetrics-text; version=1.0.0"})
+    assert reply.headers["Content-Type"].startswith("application/openmetrics-text")
+    assert reply.text.rstrip().endswith("# EOF")
+    zipped = served.get("/metrics", {"Accept-Encoding": "gzip"})
+    assert zipped.headers["Content-Encoding"] == "gzip"
+    assert b"checkpoint_deadline_seconds" in gzip.decompress(zipped.body)
+
+
+def test_landing_page_health_and_404(exporter, config: Path) -> None:
+    served = exporter("--config.file", str(config))
+    page = served.get("/")
+    assert page.status == 200 and page.headers["Content-Type"].startswith("text/html")
+    assert "llama70b" in page.text and 'href="/metrics"' in page.text
+    assert "m&lt;&amp;&gt;" in page.text and "m<&>" not in page.text  # escaped, never injected
+    assert "Python" not in page.headers.get("Server", "")
+    assert served.get("/healthz").text == "ok\n"
+    assert served.get("/nothing-here").status == 404
+
+
+def test_runtime_metrics_and_collector_flags(exporter, config: Path) -> None:
+    served = exporter(
+        "--config.file",
+        str(config),
+        "--web.enable-exporter-metrics",
+        "--no-collector.jobs",
+        "--web.telemetry-path",
+        "/custom",
+    )
+    text = served.get("/custom").text
+    assert "process_resident_memory_bytes" in text and "python_gc_objects_collected_total" in text
+    assert "checkpoint_deadline_seconds{" not in text  # the jobs collector is disabled
+    assert 'checkpoint_exporter_scrape_collector_success{collector="jobs"}' not in text
+    assert served.get("/metrics").status == 404
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_stops_cleanly_within_two_seconds(exporter, config: Path, signum: int) -> None:
+    served = exporter("--config.file", str(config))
+    assert served.get("/metrics").status == 200
+    code, elapsed = served.stop(signum)
+    assert code == 0
+    assert elapsed < 2.0
+
+
+def test_serves_without_a_config_file(exporter) -> None:
+    served = exporter()
+    text = served.get("/metrics").text
+    assert 'checkpoint_exporter_scrape_collector_success{collector="jobs"} 1.0' in text
+    assert "No training jobs are configured" in served.get("/").text
+
+
+def test_port_in_use_is_a_runtime_failure(config: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_cli("--config.file", str(config), "--web.listen-address", f"127.0.0.1:{port}")
+    assert result.returncode == 1
+    assert "cannot listen on" in result.stderr
+
+
+def test_bad_config_is_a_usage_error(tmp_path: Path) -> None:
+    path = write_config(tmp_path, "jobs: [{name: a, path: nowhere}]\n")
+    result = run_cli("serve", "--config.file", str(path))
+    assert result.returncode == 2 and "jobs[0].path" in result.stderr
+
+
+def test_bad_flags_are_usage_errors(tmp_path: Path) -> None:
+    assert run_cli("serve", "--web.listen-address", "nonsense").returncode == 2
+    assert run_cli("serve", "--no-such-flag").returncode == 2
+    assert run_cli("serve", "--web.telemetry-path", "metrics").returncode == 2
+
+
+def test_web_config_file_is_never_silently_ignored(tmp_path: Path) -> None:
+    web = write_config(tmp_path, "tls_server_config: {cert_file: a, key_file: b}\n", "web.yaml")
+    result = run_cli("serve", "--web.listen-address", "127.0.0.1:0", "--web.config.file", str(web))
+    assert result.returncode == 2
+    assert "refusing to serve without them" in result.stderr
+
+
+def test_version_and_module_entry_point() -> None:
+    from checkpoint_exporter import __version__
+
+    console_script = str(Path(sys.executable).parent / "checkpoint-exporter")
+    for command in ([*CLI, "--version"], [console_script, "--version"]):
+        result = subprocess.run(command, capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0
+        assert result.stdout.strip() == f"checkpoint-exporter {__version__}"
