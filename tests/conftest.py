@@ -135,3 +135,37 @@ def as_nobody() -> list[str]:
     if os.geteuid() != 0:
         return []
     return [require_tool("setpriv"), "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
+
+
+def parse_samples(text: str) -> dict[str, float]:
+    """Exposition text -> {'name{labels}': value}."""
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
+def sample(text: str, name: str, **labels: str) -> float | None:
+    """One sample's value, matching the given labels (others may be present)."""
+    for key, value in parse_samples(text).items():
+        metric, _, rest = key.partition("{")
+        if metric != name:
+            continue
+        found = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', rest))
+        if all(found.get(k) == v for k, v in labels.items()):
+            return value
+    return None
+
+
+def wait_for(condition, timeout: float = 10.0, interval: float = 0.02):
+    """Poll until ``condition()`` is truthy; returns its value or fails with the last one."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout} s (last: {value!r})")
+        time.sleep(interval)

@@ -56,7 +56,7 @@ def test_collectors_can_be_switched_off() -> None:
     assert [c.name for c in enabled_collectors({})] == [
         name for name, entry in sorted(REGISTRY.items()) if entry.enabled_by_default
     ]
-    assert enabled_collectors({"jobs": False}) == []
+    assert "jobs" not in [c.name for c in enabled_collectors({"jobs": False})]
 
 
 def test_each_spec_is_spelled_once_and_named_by_convention() -> None:

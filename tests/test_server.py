@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import CLI, require_tool, run_cli, write_config
+from tests.conftest import CLI, parse_samples, require_tool, run_cli, write_config
 
 
 @pytest.fixture
@@ -30,21 +30,12 @@ jobs:
     )
 
 
-def samples(text: str) -> dict[str, float]:
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, value = line.rsplit(" ", 1)
-            out[name] = float(value)
-    return out
-
-
 def test_metrics_reflect_the_config(exporter, config: Path, tmp_path: Path) -> None:
     served = exporter("--config.file", str(config))
     reply = served.get("/metrics")
     assert reply.status == 200
     assert reply.headers["Content-Type"].startswith("text/plain; version=0.0.4")
-    got = samples(reply.text)
+    got = parse_samples(reply.text)
     assert got['checkpoint_deadline_seconds{training_job="llama70b"}'] == 45
     assert got['checkpoint_interval_seconds{training_job="llama70b"}'] == 900
     assert got['checkpoint_retained_generations_limit{training_job="mixtral"}'] == 5

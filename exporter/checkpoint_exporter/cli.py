@@ -198,6 +198,7 @@ def _serve(args: argparse.Namespace) -> int:
     from checkpoint_exporter.collectors import REGISTRY, enabled_collectors
     from checkpoint_exporter.config import ConfigError
     from checkpoint_exporter.metrics import build_registry
+    from checkpoint_exporter.scanner import Scanner
     from checkpoint_exporter.server import MetricsServer
     from checkpoint_exporter.tracker import Tracker
 
@@ -222,7 +223,8 @@ def _serve(args: argparse.Namespace) -> int:
         if getattr(args, f"collector_{name}") is not None
     }
     tracker = Tracker(config)
-    tracker.publish()
+    scanner = Scanner(config, tracker)
+    scanner.step()  # the first scan: history sets the gauges before the first scrape
 
     def snapshot() -> Any:
         return tracker.snapshot
@@ -234,6 +236,7 @@ def _serve(args: argparse.Namespace) -> int:
         log.error("cannot listen on %s: %s", config.web.listen_address, error.strerror or error)
         return EXIT_FAILURE
     stop = _StopSignal()
+    scanner.start()
     server.start()
     log.info(
         "listening: address=%s url=%s jobs=%d config=%s",
@@ -245,6 +248,7 @@ def _serve(args: argparse.Namespace) -> int:
     received = stop.wait()
     log.info("stopping on %s", signal.Signals(received).name)
     server.stop()
+    scanner.stop()
     return EXIT_OK
 
 

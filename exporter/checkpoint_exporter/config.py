@@ -51,6 +51,18 @@ class Policy:
     restore_drill_max_age: float = 7 * 86400.0
     layout: str = "auto"
     watch: str = "auto"
+    poll_interval: float = 5.0  # rescan period when polling (network filesystems)
+    verify_checksums: bool = False  # Megatron integrity.json sha256, read at a capped rate
+
+
+@dataclass(frozen=True)
+class ScanConfig:
+    """How hard the scanner may work shared storage."""
+
+    metadata_ops_per_second: float = 10_000  # on network filesystems; 0 = no limit
+    reconcile_interval: float = 3600.0  # full relisting, also after an inotify overflow
+    max_depth: int = 8
+    checksum_bytes_per_second: float = 200e6
 
 
 @dataclass(frozen=True)
@@ -108,6 +120,7 @@ class Config:
     paths: PathsConfig = field(default_factory=PathsConfig)
     spool: Path = Path("/var/lib/checkpoint-exporter/spool")
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
+    scan: ScanConfig = field(default_factory=ScanConfig)
     defaults: Policy = field(default_factory=Policy)
     jobs: tuple[JobConfig, ...] = ()
     discover: tuple[DiscoverConfig, ...] = ()
@@ -182,6 +195,14 @@ def _fraction(value: object) -> float:
     return float(value)
 
 
+def _non_negative(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"expected a number, got {_type_name(value)} {value!r}")
+    if value < 0:
+        raise ValueError(f"must not be negative, got {value}")
+    return float(value)
+
+
 def _choice(options: tuple[str, ...]) -> Callable[[object], str]:
     def parse(value: object) -> str:
         if value not in options:
@@ -242,6 +263,8 @@ _POLICY_FIELDS: dict[str, Callable[[object], Any]] = {
     "restore_drill_max_age": _positive_duration,
     "layout": _choice(LAYOUTS),
     "watch": _choice(WATCH_MODES),
+    "poll_interval": _positive_duration,
+    "verify_checksums": _boolean,
 }
 
 
@@ -479,6 +502,7 @@ def _parse(data: object, checker: _Checker) -> Config:
             "paths": lambda v: v,
             "spool": checker.path,
             "telemetry": lambda v: v,
+            "scan": lambda v: v,
             "defaults": lambda v: v,
             "jobs": lambda v: v,
             "discover": lambda v: v,
@@ -518,6 +542,18 @@ def _parse(data: object, checker: _Checker) -> Config:
             },
         )
     )
+    scan = ScanConfig(
+        **checker.section(
+            top.get("scan"),
+            ("scan",),
+            {
+                "metadata_ops_per_second": _non_negative,
+                "reconcile_interval": _positive_duration,
+                "max_depth": _whole_number(1),
+                "checksum_bytes_per_second": _non_negative,
+            },
+        )
+    )
     defaults = _policy(
         checker.section(top.get("defaults"), ("defaults",), _POLICY_FIELDS), Policy()
     )
@@ -528,6 +564,7 @@ def _parse(data: object, checker: _Checker) -> Config:
         web=web,
         paths=paths,
         telemetry=telemetry,
+        scan=scan,
         defaults=defaults,
         jobs=jobs,
         discover=discover,
@@ -652,6 +689,8 @@ def _policy_dict(policy: Policy) -> dict[str, Any]:
         "restore_drill_max_age": format_duration(policy.restore_drill_max_age),
         "layout": policy.layout,
         "watch": policy.watch,
+        "poll_interval": format_duration(policy.poll_interval),
+        "verify_checksums": policy.verify_checksums,
     }
 
 
@@ -670,6 +709,12 @@ def config_to_dict(config: Config) -> dict[str, Any]:
             "network_devices": config.telemetry.network_devices,
             "infiniband": config.telemetry.infiniband,
             "gpu": config.telemetry.gpu,
+        },
+        "scan": {
+            "metadata_ops_per_second": config.scan.metadata_ops_per_second,
+            "reconcile_interval": format_duration(config.scan.reconcile_interval),
+            "max_depth": config.scan.max_depth,
+            "checksum_bytes_per_second": config.scan.checksum_bytes_per_second,
         },
         "defaults": _policy_dict(config.defaults),
         "jobs": [

@@ -20,9 +20,10 @@ from prometheus_client.core import (
     Metric,
 )
 from prometheus_client.registry import CollectorRegistry
+from prometheus_client.utils import floatToGoString
 
 from checkpoint_exporter import __version__
-from checkpoint_exporter.model import Snapshot
+from checkpoint_exporter.model import HistogramState, Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,17 @@ class MetricSpec:
 
     def family(self) -> Metric:
         return _FAMILIES[self.kind](self.name, self.help, labels=list(self.labels))
+
+    def single(self, value: float) -> Metric:
+        """A family holding one unlabelled sample."""
+        family = self.family()
+        family.add_metric([], value)
+        return family
+
+
+def add_histogram(family: Metric, labels: list[str], histogram: HistogramState) -> None:
+    buckets = [(floatToGoString(bound), count) for bound, count in histogram.cumulative()]
+    family.add_metric(labels, buckets, histogram.sum)
 
 
 # --- the daemon itself ------------------------------------------------------------------------
@@ -98,6 +110,148 @@ RESTORE_DRILL_MAX_AGE_SECONDS = MetricSpec(
     ("training_job",),
 )
 
+
+# --- checkpoints on disk (durable tier) --------------------------------------------------------
+
+_JOB = ("training_job",)
+LAST_COMMITTED_TIMESTAMP = MetricSpec(
+    "checkpoint_last_committed_timestamp_seconds",
+    "gauge",
+    "Commit time of the newest committed generation on the durable tier.",
+    _JOB,
+)
+LAST_COMMITTED_STEP = MetricSpec(
+    "checkpoint_last_committed_step",
+    "gauge",
+    "Training step of the newest committed generation, when the layout records it.",
+    _JOB,
+)
+LAST_COMMITTED_SIZE = MetricSpec(
+    "checkpoint_last_committed_size_bytes",
+    "gauge",
+    "Bytes in the newest committed generation.",
+    _JOB,
+)
+LAST_COMMITTED_FILES = MetricSpec(
+    "checkpoint_last_committed_files",
+    "gauge",
+    "Files in the newest committed generation.",
+    _JOB,
+)
+LAST_COMMITTED_VALID = MetricSpec(
+    "checkpoint_last_committed_valid",
+    "gauge",
+    "1 if the newest committed generation passed structural validation, 0 if it failed.",
+    _JOB,
+)
+SAVES_IN_PROGRESS = MetricSpec(
+    "checkpoint_saves_in_progress",
+    "gauge",
+    "Saves started and neither committed nor aborted.",
+    _JOB,
+)
+OLDEST_SAVE_IN_PROGRESS_START = MetricSpec(
+    "checkpoint_oldest_save_in_progress_start_timestamp_seconds",
+    "gauge",
+    "Start time of the oldest save in progress; 0 when none is.",
+    _JOB,
+)
+LAST_SAVE_START = MetricSpec(
+    "checkpoint_last_save_start_timestamp_seconds",
+    "gauge",
+    "Start time of the newest save, committed or not.",
+    _JOB,
+)
+SAVES_COMMITTED = MetricSpec(
+    "checkpoint_saves_committed_total",
+    "counter",
+    "Saves committed while the exporter ran.",
+    _JOB,
+)
+SAVES_ABORTED = MetricSpec(
+    "checkpoint_saves_aborted_total",
+    "counter",
+    "Saves abandoned while the exporter ran: no commit and no progress for the deadline.",
+    _JOB,
+)
+DEADLINE_MISSES = MetricSpec(
+    "checkpoint_deadline_misses_total",
+    "counter",
+    "Saves whose start-to-commit time exceeded the job's deadline.",
+    _JOB,
+)
+SAVE_DURATION = MetricSpec(
+    "checkpoint_save_duration_seconds",
+    "histogram",
+    "Duration of each phase of a save; the job's deadline is a bucket boundary.",
+    ("training_job", "phase"),
+)
+LAST_SAVE_PHASE = MetricSpec(
+    "checkpoint_last_save_phase_seconds",
+    "gauge",
+    "Duration of each phase of the newest committed save.",
+    ("training_job", "phase"),
+)
+RETAINED_GENERATIONS = MetricSpec(
+    "checkpoint_retained_generations",
+    "gauge",
+    "Committed generations on the durable tier.",
+    _JOB,
+)
+RETAINED_BYTES = MetricSpec(
+    "checkpoint_retained_bytes",
+    "gauge",
+    "Bytes held by committed generations on the durable tier.",
+    _JOB,
+)
+RETAINED_VALID_GENERATIONS = MetricSpec(
+    "checkpoint_retained_valid_generations",
+    "gauge",
+    "Committed generations on the durable tier that passed structural validation.",
+    _JOB,
+)
+VALIDATION_FAILURES = MetricSpec(
+    "checkpoint_validation_failures_total",
+    "counter",
+    "Committed generations found structurally broken, by reason.",
+    ("training_job", "reason"),
+)
+
+# --- the daemon's own work ---------------------------------------------------------------------
+
+WATCH_INFO = MetricSpec(
+    "checkpoint_exporter_watch_info",
+    "gauge",
+    "How each watched path is followed: inotify or poll.",
+    ("training_job", "tier", "mode"),
+)
+SCAN_DURATION = MetricSpec(
+    "checkpoint_exporter_scan_duration_seconds",
+    "histogram",
+    "Time to rescan one job.",
+)
+SCAN_OPERATIONS = MetricSpec(
+    "checkpoint_exporter_scan_metadata_operations_total",
+    "counter",
+    "stat, listdir and open calls made on watched paths.",
+)
+SCAN_ERRORS = MetricSpec(
+    "checkpoint_exporter_scan_errors_total",
+    "counter",
+    "Paths that could not be read during scans (permission denied, I/O errors).",
+)
+WATCH_OVERFLOWS = MetricSpec(
+    "checkpoint_exporter_watch_overflows_total",
+    "counter",
+    "inotify queue overflows; each one triggers a full reconcile.",
+)
+DISCOVER_EXCESS = MetricSpec(
+    "checkpoint_exporter_discover_excess_jobs",
+    "gauge",
+    "Subdirectories of a discover root over its max_jobs, not watched.",
+    ("root",),
+)
+
 ALL: tuple[MetricSpec, ...] = (
     BUILD_INFO,
     SCRAPE_COLLECTOR_SUCCESS,
@@ -107,6 +261,29 @@ ALL: tuple[MetricSpec, ...] = (
     DEADLINE_SECONDS,
     RETAINED_GENERATIONS_LIMIT,
     RESTORE_DRILL_MAX_AGE_SECONDS,
+    LAST_COMMITTED_TIMESTAMP,
+    LAST_COMMITTED_STEP,
+    LAST_COMMITTED_SIZE,
+    LAST_COMMITTED_FILES,
+    LAST_COMMITTED_VALID,
+    SAVES_IN_PROGRESS,
+    OLDEST_SAVE_IN_PROGRESS_START,
+    LAST_SAVE_START,
+    SAVES_COMMITTED,
+    SAVES_ABORTED,
+    DEADLINE_MISSES,
+    SAVE_DURATION,
+    LAST_SAVE_PHASE,
+    RETAINED_GENERATIONS,
+    RETAINED_BYTES,
+    RETAINED_VALID_GENERATIONS,
+    VALIDATION_FAILURES,
+    WATCH_INFO,
+    SCAN_DURATION,
+    SCAN_OPERATIONS,
+    SCAN_ERRORS,
+    WATCH_OVERFLOWS,
+    DISCOVER_EXCESS,
 )
 
 

@@ -2,16 +2,61 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 DURABLE = "durable"  # where committed generations must end up
 STAGING = "staging"  # a fast tier that must drain to the durable one
+
+# Generation states (DESIGN: writing -> committed -> valid | invalid, or writing -> aborted).
+WRITING = "writing"
+COMMITTED = "committed"
+ABORTED = "aborted"
+
+# Save phases, in the order a save goes through them.
+PHASES = ("pause", "staging", "write", "commit", "total")
 
 
 @dataclass(frozen=True)
 class WatchedPath:
     tier: str
     path: str
+    mode: str = ""  # how it is watched: inotify or poll ("" until decided)
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One checkpoint generation on one tier."""
+
+    id: str  # path below the tier root
+    tier: str
+    step: int | None
+    state: str
+    start_time: float
+    last_write_time: float
+    commit_time: float | None
+    bytes: int
+    files: int
+    valid: bool | None = None  # None until structurally checked
+    invalid_reason: str | None = None
+    alias: bool = False  # another name for a generation listed separately
+
+
+@dataclass(frozen=True)
+class HistogramState:
+    bounds: tuple[float, ...]  # upper bounds, ascending, without +Inf
+    counts: tuple[int, ...]  # observations per bucket, len(bounds) + 1 (the last is +Inf)
+    sum: float = 0.0
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+    def cumulative(self) -> list[tuple[float, int]]:
+        total, out = 0, []
+        for bound, count in zip((*self.bounds, float("inf")), self.counts, strict=True):
+            total += count
+            out.append((bound, total))
+        return out
 
 
 @dataclass(frozen=True)
@@ -25,6 +70,23 @@ class JobState:
     deadline_seconds: float
     retained_generations_limit: int
     restore_drill_max_age_seconds: float
+    generations: tuple[Generation, ...] = ()
+    saves_committed: int = 0
+    saves_aborted: int = 0
+    deadline_misses: int = 0
+    validation_failures: tuple[tuple[str, int], ...] = ()
+    save_duration: tuple[tuple[str, HistogramState], ...] = ()  # (phase, histogram)
+
+
+@dataclass(frozen=True)
+class DaemonState:
+    """The exporter's own health."""
+
+    scans: HistogramState | None = None
+    metadata_operations: int = 0
+    watch_overflows: int = 0
+    scan_errors: int = 0
+    discover_excess: tuple[tuple[str, int], ...] = ()  # (root, subdirectories over max_jobs)
 
 
 @dataclass(frozen=True)
@@ -33,3 +95,4 @@ class Snapshot:
 
     taken_at: float
     jobs: tuple[JobState, ...] = ()
+    daemon: DaemonState = field(default_factory=DaemonState)

@@ -1,39 +1,300 @@
-"""Per-job state, owned by one writer and published to scrapes as an immutable Snapshot."""
+"""Per-job state machines, fed by scans; published to scrapes as an immutable Snapshot.
+
+One thread (the scanner) owns every tracker and calls ``publish``; scrapes read ``snapshot``, a
+reference swapped atomically, so a scrape never waits for a scan and never sees half an update.
+
+Counters count only what happens while the daemon runs: what the first scan of a tier finds
+already committed or aborted is history and sets gauges only, so a restart never inflates a
+``_total`` series. A save found in flight at start-up is counted when it ends.
+"""
 
 from __future__ import annotations
 
+import bisect
 import time
+from collections import Counter
+from dataclasses import dataclass, field
 
-from checkpoint_exporter.config import Config, JobConfig
-from checkpoint_exporter.model import DURABLE, STAGING, JobState, Snapshot, WatchedPath
+from checkpoint_exporter.config import Config, JobConfig, Policy
+from checkpoint_exporter.layouts.base import Found
+from checkpoint_exporter.model import (
+    ABORTED,
+    COMMITTED,
+    DURABLE,
+    STAGING,
+    WRITING,
+    DaemonState,
+    Generation,
+    HistogramState,
+    JobState,
+    Snapshot,
+    WatchedPath,
+)
+from checkpoint_exporter.validate import Verdict
+
+# Save-duration buckets in seconds; each job adds its own deadline as a bucket boundary.
+DURATION_BUCKETS = (1, 2.5, 5, 10, 15, 30, 45, 60, 90, 120, 180, 300, 600, 900, 1800, 3600, 7200)
 
 
-def _job_state(job: JobConfig) -> JobState:
+class Histogram:
+    def __init__(self, bounds: tuple[float, ...]):
+        self.bounds = tuple(sorted(set(bounds)))
+        self.counts = [0] * (len(self.bounds) + 1)
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+    def state(self) -> HistogramState:
+        return HistogramState(self.bounds, tuple(self.counts), self.sum)
+
+
+@dataclass
+class _Gen:
+    found: Found
+    tier: str
+    state: str
+    start_time: float
+    progress_at: float  # local clock: when a change was last observed (skew-proof abort timer)
+    history: bool  # already there at the first scan
+    valid: bool | None = None
+    invalid_reason: str | None = None
+    validated: tuple[int, int, float] | None = None  # signature the verdict is for
+    pending: tuple[int, int, float] | None = None  # signature submitted for validation
+
+    @property
+    def signature(self) -> tuple[int, int, float]:
+        return self.found.bytes, self.found.files, self.found.last_write_time
+
+    def public(self) -> Generation:
+        found = self.found
+        return Generation(
+            id=found.id,
+            tier=self.tier,
+            step=found.step,
+            state=self.state,
+            start_time=self.start_time,
+            last_write_time=found.last_write_time,
+            commit_time=found.commit_time if self.state == COMMITTED else None,
+            bytes=found.bytes,
+            files=found.files,
+            valid=self.valid,
+            invalid_reason=self.invalid_reason,
+            alias=found.alias,
+        )
+
+
+@dataclass(frozen=True)
+class ValidationRequest:
+    job: str
+    tier: str
+    generation: str
+    signature: tuple[int, int, float]
+    found: Found
+
+
+@dataclass
+class JobTracker:
+    """The lifecycle of every generation of one job, across its tiers."""
+
+    name: str
+    paths: tuple[WatchedPath, ...]
+    policy: Policy
+    layout: str = ""
+    _gens: dict[tuple[str, str], _Gen] = field(default_factory=dict)
+    _scanned: set[str] = field(default_factory=set)
+    saves_committed: int = 0
+    saves_aborted: int = 0
+    deadline_misses: int = 0
+    validation_failures: Counter[str] = field(default_factory=Counter)
+    total_duration: Histogram | None = None
+    just_committed: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.layout = self.layout or self.policy.layout
+        self.total_duration = Histogram((*DURATION_BUCKETS, self.policy.deadline))
+
+    # --- scans ---------------------------------------------------------------------------
+
+    def observe(self, tier: str, found: list[Found], now: float) -> list[ValidationRequest]:
+        """Apply one scan of ``tier``; returns the committed generations to validate.
+
+        ``just_committed`` then names the generations this scan saw commit: their files were
+        last statted while being written, so the scanner reads them once more, in full.
+        """
+        first = tier not in self._scanned
+        self.just_committed = []
+        self._scanned.add(tier)
+        seen = set()
+        requests = []
+        for item in found:
+            key = (tier, item.id)
+            seen.add(key)
+            gen = self._gens.get(key)
+            if gen is None:
+                gen = self._new(tier, item, now, first)
+            else:
+                self._update(gen, item, now)
+            if item.invalid and gen.state == COMMITTED and gen.validated != gen.signature:
+                self._verdict(gen, Verdict(False, item.reason, "found by the layout"))
+            elif self._needs_validation(gen):
+                requests.append(ValidationRequest(self.name, tier, item.id, gen.signature, item))
+        for key in [k for k in self._gens if k[0] == tier and k not in seen]:
+            del self._gens[key]  # deleted (retention) or renamed away
+        # Newest first, so the generation a restore would pick is judged first.
+        requests.sort(key=lambda r: r.found.commit_time or 0.0, reverse=True)
+        return requests
+
+    def _new(self, tier: str, item: Found, now: float, first: bool) -> _Gen:
+        gen = _Gen(item, tier, item.state, item.start_time, now, history=first)
+        self._gens[(tier, item.id)] = gen
+        if first:
+            # History: final states set gauges only; a save whose own files stopped changing
+            # longer than the deadline ago was abandoned before we started.
+            if item.state == WRITING and now - item.last_write_time > self.policy.deadline:
+                gen.state = ABORTED
+        elif item.state == COMMITTED:
+            self._commit(gen)
+        elif item.state == ABORTED:
+            self._abort(gen)
+        if gen.state == COMMITTED and not item.checks and not item.invalid:
+            gen.valid, gen.validated = True, gen.signature  # nothing structural to check
+        return gen
+
+    def _update(self, gen: _Gen, item: Found, now: float) -> None:
+        if (item.bytes, item.files, item.last_write_time) != gen.signature:
+            gen.progress_at = now
+        gen.start_time = min(gen.start_time, item.start_time)
+        gen.found = item
+        if item.state == COMMITTED and gen.state != COMMITTED:
+            self._commit(gen)
+            self.just_committed.append(item.id)
+            if not item.checks and not item.invalid:
+                gen.valid, gen.validated = True, gen.signature
+        elif item.state == ABORTED and gen.state == WRITING:
+            self._abort(gen)
+        elif item.state == WRITING and gen.state == COMMITTED:
+            # The commit marker went away: the generation is being rewritten in place.
+            gen.state, gen.history = WRITING, False
+            gen.valid = gen.invalid_reason = gen.validated = gen.pending = None
+            gen.progress_at = now
+
+    def tick(self, now: float) -> None:
+        """Abort saves that made no progress for the deadline (measured on the local clock)."""
+        for gen in self._gens.values():
+            if gen.state == WRITING and now - gen.progress_at > self.policy.deadline:
+                self._abort(gen)
+
+    def _counts(self, gen: _Gen) -> bool:
+        # Save lifecycle counters follow the durable tier; the staging tier feeds drain metrics.
+        return gen.tier == DURABLE
+
+    def _commit(self, gen: _Gen) -> None:
+        gen.state = COMMITTED
+        if not self._counts(gen):
+            return
+        self.saves_committed += 1
+        commit = gen.found.commit_time or gen.found.last_write_time
+        duration = max(0.0, commit - gen.start_time)  # skewed mtimes never go negative
+        assert self.total_duration is not None
+        self.total_duration.observe(duration)
+        if duration > self.policy.deadline:
+            self.deadline_misses += 1
+
+    def _abort(self, gen: _Gen) -> None:
+        gen.state = ABORTED
+        if self._counts(gen):
+            self.saves_aborted += 1
+
+    # --- validation ------------------------------------------------------------------------
+
+    def _needs_validation(self, gen: _Gen) -> bool:
+        return (
+            gen.state == COMMITTED
+            and bool(gen.found.checks)
+            and gen.validated != gen.signature
+            and gen.pending != gen.signature
+        )
+
+    def submitted(self, request: ValidationRequest) -> None:
+        """The request is on its way: don't ask again for the same signature."""
+        gen = self._gens.get((request.tier, request.generation))
+        if gen is not None:
+            gen.pending = request.signature
+
+    def apply_verdict(self, request: ValidationRequest, verdict: Verdict) -> None:
+        gen = self._gens.get((request.tier, request.generation))
+        if gen is None or gen.signature != request.signature:
+            return  # gone, or changed since: a fresh request is already on its way
+        self._verdict(gen, verdict)
+
+    def _verdict(self, gen: _Gen, verdict: Verdict) -> None:
+        first_verdict_of_history = gen.history and gen.validated is None
+        gen.valid, gen.invalid_reason = verdict.valid, verdict.reason
+        gen.validated, gen.pending = gen.signature, None
+        if not verdict.valid and verdict.reason and not first_verdict_of_history:
+            self.validation_failures[verdict.reason] += 1
+
+    # --- views -----------------------------------------------------------------------------
+
+    def hot_directories(self, tier: str) -> list[str]:
+        """Generations being written on ``tier``: their files are re-statted while hot."""
+        return [
+            gen.found.id for (t, _), gen in self._gens.items() if t == tier and gen.state == WRITING
+        ]
+
+    def has_saves_in_progress(self) -> bool:
+        return any(gen.state == WRITING for gen in self._gens.values())
+
+    def state(self) -> JobState:
+        assert self.total_duration is not None
+        return JobState(
+            name=self.name,
+            layout=self.layout,
+            paths=self.paths,
+            interval_seconds=self.policy.interval,
+            deadline_seconds=self.policy.deadline,
+            retained_generations_limit=self.policy.retained_generations,
+            restore_drill_max_age_seconds=self.policy.restore_drill_max_age,
+            generations=tuple(gen.public() for gen in self._gens.values()),
+            saves_committed=self.saves_committed,
+            saves_aborted=self.saves_aborted,
+            deadline_misses=self.deadline_misses,
+            validation_failures=tuple(sorted(self.validation_failures.items())),
+            save_duration=(("total", self.total_duration.state()),),
+        )
+
+
+def job_paths(job: JobConfig) -> tuple[WatchedPath, ...]:
     paths = [WatchedPath(DURABLE, str(job.path))]
     if job.staging is not None:
         paths.append(WatchedPath(STAGING, str(job.staging)))
-    return JobState(
-        name=job.name,
-        layout=job.policy.layout,
-        paths=tuple(paths),
-        interval_seconds=job.policy.interval,
-        deadline_seconds=job.policy.deadline,
-        retained_generations_limit=job.policy.retained_generations,
-        restore_drill_max_age_seconds=job.policy.restore_drill_max_age,
-    )
+    return tuple(paths)
 
 
 class Tracker:
-    """Holds the state of every watched job.
-
-    Only the tracker's owner thread calls ``publish``; scrapes read ``snapshot``, a reference
-    swapped atomically, so a scrape never waits for a scan and never sees half an update.
-    """
+    """Every job's tracker, and the published snapshot."""
 
     def __init__(self, config: Config):
-        self._jobs = {job.name: _job_state(job) for job in config.jobs}
+        self.jobs: dict[str, JobTracker] = {
+            job.name: JobTracker(job.name, job_paths(job), job.policy) for job in config.jobs
+        }
+        self.daemon = DaemonState()
         self.snapshot = Snapshot(taken_at=time.time())
 
-    def publish(self) -> Snapshot:
-        self.snapshot = Snapshot(taken_at=time.time(), jobs=tuple(self._jobs.values()))
+    def add(self, job: JobTracker) -> None:
+        self.jobs[job.name] = job
+
+    def forget(self, name: str) -> None:
+        self.jobs.pop(name, None)
+
+    def publish(self, daemon: DaemonState | None = None) -> Snapshot:
+        if daemon is not None:
+            self.daemon = daemon
+        self.snapshot = Snapshot(
+            taken_at=time.time(),
+            jobs=tuple(job.state() for job in self.jobs.values()),
+            daemon=self.daemon,
+        )
         return self.snapshot

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from checkpoint_exporter.collectors.checkpoints import CheckpointsCollector
+from checkpoint_exporter.collectors.exporter import ExporterCollector
 from checkpoint_exporter.collectors.jobs import JobsCollector
 from checkpoint_exporter.metrics import SnapshotCollector
 
@@ -23,6 +25,12 @@ class CollectorEntry:
 REGISTRY: dict[str, CollectorEntry] = {
     JobsCollector.name: CollectorEntry(
         JobsCollector, True, "watched jobs and their objectives (interval, deadline, retention)"
+    ),
+    CheckpointsCollector.name: CollectorEntry(
+        CheckpointsCollector, True, "generations on disk: newest committed, in progress, counts"
+    ),
+    ExporterCollector.name: CollectorEntry(
+        ExporterCollector, True, "the exporter's own scanning: durations, operations, errors"
     ),
 }
 

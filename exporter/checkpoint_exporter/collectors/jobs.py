@@ -15,6 +15,7 @@ class JobsCollector(metrics.SnapshotCollector):
 
     def collect(self, snapshot: Snapshot) -> Iterable[Metric]:
         info = metrics.JOB_INFO.family()
+        watch = metrics.WATCH_INFO.family()
         objectives = {
             spec: spec.family()
             for spec in (
@@ -27,6 +28,8 @@ class JobsCollector(metrics.SnapshotCollector):
         for job in snapshot.jobs:
             for watched in job.paths:
                 info.add_metric([job.name, job.layout, watched.tier, watched.path], 1)
+                if watched.mode:
+                    watch.add_metric([job.name, watched.tier, watched.mode], 1)
             objectives[metrics.INTERVAL_SECONDS].add_metric([job.name], job.interval_seconds)
             objectives[metrics.DEADLINE_SECONDS].add_metric([job.name], job.deadline_seconds)
             objectives[metrics.RETAINED_GENERATIONS_LIMIT].add_metric(
@@ -35,4 +38,4 @@ class JobsCollector(metrics.SnapshotCollector):
             objectives[metrics.RESTORE_DRILL_MAX_AGE_SECONDS].add_metric(
                 [job.name], job.restore_drill_max_age_seconds
             )
-        return [info, *objectives.values()]
+        return [info, watch, *objectives.values()]

@@ -1,0 +1,86 @@
+"""Checkpoint generations on disk: the newest committed one, saves in progress, lifecycle counts."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from prometheus_client.core import Metric
+
+from checkpoint_exporter import metrics
+from checkpoint_exporter.model import COMMITTED, DURABLE, WRITING, Generation, JobState, Snapshot
+from checkpoint_exporter.validate import REASONS
+
+
+def newest_committed(job: JobState) -> Generation | None:
+    """The generation a restore would pick: the newest committed one on the durable tier."""
+    committed = [
+        gen
+        for gen in job.generations
+        if gen.tier == DURABLE and gen.state == COMMITTED and not gen.alias
+    ]
+    return max(
+        committed,
+        key=lambda gen: (gen.commit_time or 0.0, -1 if gen.step is None else gen.step),
+        default=None,
+    )
+
+
+class CheckpointsCollector(metrics.SnapshotCollector):
+    name = "checkpoints"
+
+    def collect(self, snapshot: Snapshot) -> Iterable[Metric]:
+        specs = (
+            metrics.LAST_COMMITTED_TIMESTAMP, metrics.LAST_COMMITTED_STEP,
+            metrics.LAST_COMMITTED_SIZE, metrics.LAST_COMMITTED_FILES,
+            metrics.LAST_COMMITTED_VALID, metrics.SAVES_IN_PROGRESS,
+            metrics.OLDEST_SAVE_IN_PROGRESS_START, metrics.LAST_SAVE_START,
+            metrics.SAVES_COMMITTED, metrics.SAVES_ABORTED, metrics.DEADLINE_MISSES,
+            metrics.SAVE_DURATION, metrics.LAST_SAVE_PHASE, metrics.RETAINED_GENERATIONS,
+            metrics.RETAINED_BYTES, metrics.RETAINED_VALID_GENERATIONS,
+            metrics.VALIDATION_FAILURES,
+        )  # fmt: skip
+        out = {spec: spec.family() for spec in specs}
+        for job in snapshot.jobs:
+            self._job(job, out)
+        return list(out.values())
+
+    @staticmethod
+    def _job(job: JobState, out: dict[metrics.MetricSpec, Metric]) -> None:
+        name = [job.name]
+        durable = [gen for gen in job.generations if gen.tier == DURABLE]
+        newest = newest_committed(job)
+        if newest is not None:
+            out[metrics.LAST_COMMITTED_TIMESTAMP].add_metric(name, newest.commit_time or 0.0)
+            if newest.step is not None:
+                out[metrics.LAST_COMMITTED_STEP].add_metric(name, newest.step)
+            out[metrics.LAST_COMMITTED_SIZE].add_metric(name, newest.bytes)
+            out[metrics.LAST_COMMITTED_FILES].add_metric(name, newest.files)
+            if newest.valid is not None:
+                out[metrics.LAST_COMMITTED_VALID].add_metric(name, 1 if newest.valid else 0)
+            if newest.commit_time is not None:
+                out[metrics.LAST_SAVE_PHASE].add_metric(
+                    [job.name, "total"], max(0.0, newest.commit_time - newest.start_time)
+                )
+        writing = [gen for gen in durable if gen.state == WRITING]
+        out[metrics.SAVES_IN_PROGRESS].add_metric(name, len(writing))
+        out[metrics.OLDEST_SAVE_IN_PROGRESS_START].add_metric(
+            name, min((gen.start_time for gen in writing), default=0.0)
+        )
+        if durable:
+            out[metrics.LAST_SAVE_START].add_metric(name, max(gen.start_time for gen in durable))
+        out[metrics.SAVES_COMMITTED].add_metric(name, job.saves_committed)
+        out[metrics.SAVES_ABORTED].add_metric(name, job.saves_aborted)
+        out[metrics.DEADLINE_MISSES].add_metric(name, job.deadline_misses)
+        for phase, histogram in job.save_duration:
+            metrics.add_histogram(out[metrics.SAVE_DURATION], [job.name, phase], histogram)
+        retained = [gen for gen in durable if gen.state == COMMITTED and not gen.alias]
+        out[metrics.RETAINED_GENERATIONS].add_metric(name, len(retained))
+        out[metrics.RETAINED_BYTES].add_metric(
+            name, sum(gen.bytes for gen in durable if gen.state == COMMITTED)
+        )
+        out[metrics.RETAINED_VALID_GENERATIONS].add_metric(
+            name, sum(1 for gen in retained if gen.valid)
+        )
+        failures = dict(job.validation_failures)
+        for reason in REASONS:
+            out[metrics.VALIDATION_FAILURES].add_metric([job.name, reason], failures.get(reason, 0))

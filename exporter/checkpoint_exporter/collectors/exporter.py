@@ -1,0 +1,31 @@
+"""The exporter's own work: scan durations, metadata operations, errors, watch overflows."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from prometheus_client.core import Metric
+
+from checkpoint_exporter import metrics
+from checkpoint_exporter.model import Snapshot
+
+
+class ExporterCollector(metrics.SnapshotCollector):
+    name = "exporter"
+
+    def collect(self, snapshot: Snapshot) -> Iterable[Metric]:
+        daemon = snapshot.daemon
+        out = [
+            metrics.SCAN_OPERATIONS.single(daemon.metadata_operations),
+            metrics.SCAN_ERRORS.single(daemon.scan_errors),
+            metrics.WATCH_OVERFLOWS.single(daemon.watch_overflows),
+        ]
+        if daemon.scans is not None:
+            scans = metrics.SCAN_DURATION.family()
+            metrics.add_histogram(scans, [], daemon.scans)
+            out.append(scans)
+        excess = metrics.DISCOVER_EXCESS.family()
+        for root, count in daemon.discover_excess:
+            excess.add_metric([root], count)
+        out.append(excess)
+        return out

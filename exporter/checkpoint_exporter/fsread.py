@@ -1,0 +1,64 @@
+"""Reading files under watched paths: read-only, never through a symlink, never blocking.
+
+Checkpoint trees on shared filesystems are written by many users. A FIFO or device planted where
+a marker file should be must not hang the exporter, and a symlink must not lead it out of the
+tree; every read of a watched file goes through here.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+
+
+class NotRegularFile(OSError):
+    pass
+
+
+def open_regular(path: str | os.PathLike[str]) -> int:
+    """A read-only descriptor of a regular file; refuses symlinks, FIFOs and devices."""
+    fd = os.open(path, _FLAGS)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise NotRegularFile(f"{os.fspath(path)} is not a regular file")
+        os.set_blocking(fd, True)
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_bytes(path: str | os.PathLike[str], limit: int) -> bytes:
+    """The whole file, refusing one larger than ``limit`` bytes."""
+    fd = open_regular(path)
+    try:
+        size = os.fstat(fd).st_size
+        if size > limit:
+            raise ValueError(f"{os.fspath(path)} is {size} bytes, above the {limit}-byte limit")
+        chunks, remaining = [], limit + 1
+        while remaining > 0:
+            chunk = os.read(fd, min(remaining, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            remaining -= len(chunk)
+        data = b"".join(chunks)
+        if len(data) > limit:
+            raise ValueError(f"{os.fspath(path)} grew above the {limit}-byte limit while read")
+        return data
+    finally:
+        os.close(fd)
+
+
+def read_tail(path: str | os.PathLike[str], count: int) -> tuple[bytes, int]:
+    """The last ``count`` bytes of a file and the file's size."""
+    fd = open_regular(path)
+    try:
+        size = os.fstat(fd).st_size
+        start = max(0, size - count)
+        return os.pread(fd, size - start, start), size
+    finally:
+        os.close(fd)

@@ -1,0 +1,417 @@
+"""Incremental, read-only listing of a checkpoint tree.
+
+A rescan costs what changed, not the size of the tree: a directory whose mtime is unchanged is
+not listed again (its subdirectories are still lstat-ed, since a change deep down only touches
+the deepest directory's mtime); a file is statted when it first appears and again only while its
+directory is *hot* (a generation being written), at most once a second. Every stat, listing and
+read is spent from an ``OpsBudget`` that caps the load on shared storage.
+
+Nothing is ever written, and symlinks are recorded, never followed. The listing is built of
+immutable ``Dir`` objects; an unchanged subtree is the very same object as before, so anything
+derived from it (``Dir.totals``) is computed once per change.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import stat
+import time
+from array import array
+from collections.abc import Callable, Collection, Iterator
+from dataclasses import dataclass, field
+
+from checkpoint_exporter import fsread
+
+log = logging.getLogger(__name__)
+
+FILE, DIR, LINK, OTHER = "f", "d", "l", "o"
+HOT_RESTAT_SECONDS = 1.0
+
+
+class OpsBudget:
+    """A token bucket of metadata operations (stat, listdir, open) per second; 0 = no limit."""
+
+    def __init__(self, per_second: float = 0, sleep: Callable[[float], None] = time.sleep):
+        self.per_second = per_second
+        self.total = 0
+        self._tokens = per_second
+        self._updated = time.monotonic()
+        self._sleep = sleep
+
+    def spend(self, count: int = 1) -> None:
+        self.total += count
+        if self.per_second <= 0:
+            return
+        now = time.monotonic()
+        self._tokens = min(self.per_second, self._tokens + (now - self._updated) * self.per_second)
+        self._updated = now
+        self._tokens -= count
+        if self._tokens < 0:
+            wait = -self._tokens / self.per_second
+            self._sleep(wait)
+            self._tokens = 0
+            self._updated = time.monotonic()
+
+
+@dataclass(frozen=True)
+class Totals:
+    bytes: int
+    files: int
+    min_mtime: float  # 0 when there are no files
+    max_mtime: float
+
+
+class Dir:
+    """One listed directory: its entries as compact parallel arrays, plus listed subdirectories."""
+
+    __slots__ = (
+        "_index",
+        "_totals",
+        "contents",
+        "error",
+        "kinds",
+        "mtime",
+        "mtime_ns",
+        "mtimes",
+        "names",
+        "sizes",
+        "stat_at",
+        "subdirs",
+    )
+
+    def __init__(
+        self,
+        mtime_ns: int,
+        names: tuple[str, ...] = (),
+        kinds: str = "",
+        sizes: array | None = None,
+        mtimes: array | None = None,
+        subdirs: dict[str, Dir] | None = None,
+        contents: dict[str, bytes] | None = None,
+        error: str | None = None,
+        stat_at: float = 0.0,
+    ) -> None:
+        self.mtime_ns = mtime_ns
+        self.mtime = mtime_ns / 1e9
+        self.names = names
+        self.kinds = kinds
+        self.sizes = sizes if sizes is not None else array("q")
+        self.mtimes = mtimes if mtimes is not None else array("d")
+        self.subdirs = subdirs or {}
+        self.contents = contents or {}
+        self.error = error
+        self.stat_at = stat_at
+        self._index: dict[str, int] | None = None
+        self._totals: Totals | None = None
+
+    def _position(self, name: str) -> int | None:
+        if self._index is None:
+            self._index = {entry: i for i, entry in enumerate(self.names)}
+        return self._index.get(name)
+
+    def kind(self, name: str) -> str | None:
+        position = self._position(name)
+        return None if position is None else self.kinds[position]
+
+    def has_file(self, name: str) -> bool:
+        return self.kind(name) == FILE
+
+    def file(self, name: str) -> tuple[int, float] | None:
+        """(size, mtime) of a regular file, or None."""
+        position = self._position(name)
+        if position is None or self.kinds[position] != FILE:
+            return None
+        return self.sizes[position], self.mtimes[position]
+
+    def entries(self, kind: str | None = None) -> Iterator[tuple[str, str, int, float]]:
+        """(name, kind, size, mtime) for each entry, optionally of one kind."""
+        for i, name in enumerate(self.names):
+            if kind is None or self.kinds[i] == kind:
+                yield name, self.kinds[i], self.sizes[i], self.mtimes[i]
+
+    def dirs(self) -> Iterator[tuple[str, Dir]]:
+        return iter(self.subdirs.items())
+
+    def totals(self) -> Totals:
+        """Bytes, file count and mtime range of every regular file below, computed once."""
+        if self._totals is None:
+            total_bytes = files = 0
+            low, high = float("inf"), 0.0
+            for i, kind in enumerate(self.kinds):
+                if kind == FILE:
+                    total_bytes += self.sizes[i]
+                    files += 1
+                    low = min(low, self.mtimes[i])
+                    high = max(high, self.mtimes[i])
+            for child in self.subdirs.values():
+                sub = child.totals()
+                total_bytes += sub.bytes
+                files += sub.files
+                if sub.files:
+                    low, high = min(low, sub.min_mtime), max(high, sub.max_mtime)
+                high = max(high, child.mtime)
+            self._totals = Totals(total_bytes, files, 0.0 if files == 0 else low, high)
+        return self._totals
+
+    def walk(self, prefix: str = "") -> Iterator[tuple[str, int, float]]:
+        """(relative path, size, mtime) of every regular file below."""
+        for name, _, size, mtime in self.entries(FILE):
+            yield prefix + name, size, mtime
+        for name, child in self.subdirs.items():
+            yield from child.walk(f"{prefix}{name}/")
+
+
+@dataclass
+class ScanStats:
+    listed: int = 0
+    statted: int = 0
+    errors: list[tuple[str, str]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _Pass:
+    """What one rescan was asked to do."""
+
+    hot: frozenset[str]
+    force: bool
+    force_paths: frozenset[str]
+    now: float
+    stats: ScanStats
+
+
+class TreeReader:
+    """Keeps the listing of one root current across rescans."""
+
+    def __init__(
+        self,
+        root: os.PathLike[str] | str,
+        budget: OpsBudget,
+        content_names: Collection[str] = (),
+        max_depth: int = 8,
+        content_limit: int = 64 * 1024,
+    ) -> None:
+        self.root = os.fspath(root)
+        self.budget = budget
+        self.content_names = frozenset(content_names)
+        self.max_depth = max_depth
+        self.content_limit = content_limit
+        self.tree: Dir | None = None
+        self._reported: set[tuple[str, str]] = set()
+
+    def read(
+        self, hot: Collection[str] = (), force: bool = False, force_paths: Collection[str] = ()
+    ) -> tuple[Dir | None, ScanStats]:
+        """Rescan; ``hot`` holds relative directory paths whose files are re-statted (1/s).
+
+        ``force`` lists and stats everything again (the periodic reconcile); ``force_paths``
+        does so below the given relative paths only (a generation's final stat at its commit).
+        """
+        stats = ScanStats()
+        now = time.monotonic()
+        try:
+            self.budget.spend()
+            root_stat = os.stat(self.root)  # the configured root itself may be a symlink
+        except OSError as error:
+            self.tree = None
+            if error.errno != errno.ENOENT:
+                self._error(stats, "", _reason(error))
+            return None, stats
+        if not stat.S_ISDIR(root_stat.st_mode):
+            self.tree = None
+            self._error(stats, "", "not a directory")
+            return None, stats
+        scan = _Pass(frozenset(hot), force, frozenset(force_paths), now, stats)
+        self.tree = self._read_dir(self.root, "", root_stat.st_mtime_ns, self.tree, 0, scan)
+        return self.tree, stats
+
+    def _error(self, stats: ScanStats, relative: str, reason: str) -> None:
+        stats.errors.append((relative, reason))
+        if (relative, reason) not in self._reported:
+            self._reported.add((relative, reason))
+            log.warning("cannot read %s: %s", os.path.join(self.root, relative), reason)
+
+    def _read_dir(
+        self, path: str, relative: str, mtime_ns: int, old: Dir | None, depth: int, scan: _Pass
+    ) -> Dir:
+        now, stats = scan.now, scan.stats
+        force = scan.force or _is_under(relative, scan.force_paths)
+        is_hot = _is_under(relative, scan.hot)
+        changed = force or old is None or old.mtime_ns != mtime_ns or old.error is not None
+        restat = changed and (force or old is None or old.error is not None)
+        if is_hot and old is not None and now - old.stat_at >= HOT_RESTAT_SECONDS:
+            restat = True
+        if not changed and not restat:
+            subdirs, rebuilt = self._read_subdirs(path, relative, old, depth, scan)
+            if not rebuilt:
+                return old  # the same object: nothing below changed
+            return Dir(
+                old.mtime_ns, old.names, old.kinds, old.sizes, old.mtimes, subdirs,
+                old.contents, None, old.stat_at,
+            )  # fmt: skip
+        if changed:
+            try:
+                self.budget.spend()
+                with os.scandir(path) as iterator:
+                    listed = [(entry.name, _kind_of(entry)) for entry in iterator]
+                stats.listed += 1
+            except OSError as error:
+                if error.errno == errno.ENOENT:
+                    return Dir(mtime_ns, error="vanished")
+                self._error(stats, relative, _reason(error))
+                return Dir(mtime_ns, error=_reason(error))
+        else:
+            assert old is not None
+            listed = list(zip(old.names, old.kinds, strict=True))
+        previous: dict[str, tuple[int, float]] = {}
+        if old is not None and not restat:
+            previous = {name: (size, mtime) for name, kind, size, mtime in old.entries(FILE)}
+        names, kinds, sizes, mtimes = [], [], array("q"), array("d")
+        contents: dict[str, bytes] = {}
+        subdir_mtimes: dict[str, int] = {}
+        for name, kind in listed:
+            size, mtime = 0, 0.0
+            if kind == FILE and name in previous:
+                size, mtime = previous[name]
+            else:
+                try:
+                    self.budget.spend()
+                    entry_stat = os.lstat(os.path.join(path, name))
+                    stats.statted += 1
+                except FileNotFoundError:
+                    continue  # removed since the listing (retention racing the scan)
+                except OSError as error:
+                    self._error(stats, _join(relative, name), _reason(error))
+                    continue
+                kind = _kind_of_mode(entry_stat.st_mode)
+                size, mtime = entry_stat.st_size, entry_stat.st_mtime
+                if kind == DIR:
+                    subdir_mtimes[name] = entry_stat.st_mtime_ns
+            names.append(name)
+            kinds.append(kind)
+            sizes.append(size)
+            mtimes.append(mtime)
+            if kind == FILE and name in self.content_names and size <= self.content_limit:
+                content = self._content(path, relative, name, size, mtime, old, stats)
+                if content is not None:
+                    contents[name] = content
+        subdirs = {}
+        if depth < self.max_depth:
+            for name, kind in zip(names, kinds, strict=True):
+                if kind != DIR:
+                    continue
+                child_old = old.subdirs.get(name) if old is not None else None
+                child_mtime = subdir_mtimes.get(name)
+                child = self._child(path, relative, name, child_mtime, child_old, depth, scan)
+                if child is not None:
+                    subdirs[name] = child
+        return Dir(
+            mtime_ns, tuple(names), "".join(kinds), sizes, mtimes, subdirs, contents, None,
+            now if restat else (old.stat_at if old is not None else now),
+        )  # fmt: skip
+
+    def _read_subdirs(
+        self, path: str, relative: str, old: Dir, depth: int, scan: _Pass
+    ) -> tuple[dict[str, Dir], bool]:
+        subdirs: dict[str, Dir] = {}
+        rebuilt = False
+        for name, child_old in old.subdirs.items():
+            child = self._child(path, relative, name, None, child_old, depth, scan)
+            if child is not child_old:
+                rebuilt = True
+            if child is not None:
+                subdirs[name] = child
+        return subdirs, rebuilt
+
+    def _child(
+        self,
+        path: str,
+        relative: str,
+        name: str,
+        mtime_ns: int | None,
+        old: Dir | None,
+        depth: int,
+        scan: _Pass,
+    ) -> Dir | None:
+        stats = scan.stats
+        child_path = os.path.join(path, name)
+        if mtime_ns is None:
+            try:
+                self.budget.spend()
+                child_stat = os.lstat(child_path)
+                stats.statted += 1
+            except FileNotFoundError:
+                return None
+            except OSError as error:
+                self._error(stats, _join(relative, name), _reason(error))
+                return None
+            if not stat.S_ISDIR(child_stat.st_mode):
+                return None  # replaced by a file or a symlink: the parent's next listing says so
+            mtime_ns = child_stat.st_mtime_ns
+        return self._read_dir(child_path, _join(relative, name), mtime_ns, old, depth + 1, scan)
+
+    def _content(
+        self,
+        path: str,
+        relative: str,
+        name: str,
+        size: int,
+        mtime: float,
+        old: Dir | None,
+        stats: ScanStats,
+    ) -> bytes | None:
+        if old is not None and name in old.contents and old.file(name) == (size, mtime):
+            return old.contents[name]
+        try:
+            self.budget.spend()
+            return fsread.read_bytes(os.path.join(path, name), self.content_limit)
+        except FileNotFoundError:
+            return None
+        except OSError as error:
+            self._error(stats, _join(relative, name), _reason(error))
+            return None
+
+
+def _join(relative: str, name: str) -> str:
+    return f"{relative}/{name}" if relative else name
+
+
+def _is_under(relative: str, hot: frozenset[str]) -> bool:
+    if not hot:
+        return False
+    while True:
+        if relative in hot:
+            return True
+        if not relative:
+            return False
+        relative = relative.rpartition("/")[0]
+
+
+def _kind_of(entry: os.DirEntry[str]) -> str:
+    try:
+        if entry.is_symlink():
+            return LINK
+        if entry.is_dir(follow_symlinks=False):
+            return DIR
+        if entry.is_file(follow_symlinks=False):
+            return FILE
+    except OSError:
+        pass
+    return OTHER
+
+
+def _kind_of_mode(mode: int) -> str:
+    if stat.S_ISLNK(mode):
+        return LINK
+    if stat.S_ISDIR(mode):
+        return DIR
+    if stat.S_ISREG(mode):
+        return FILE
+    return OTHER
+
+
+def _reason(error: OSError) -> str:
+    if error.errno in (errno.EACCES, errno.EPERM):
+        return "permission denied"
+    return error.strerror or str(error)

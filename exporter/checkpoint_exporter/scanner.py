@@ -1,0 +1,352 @@
+"""The scanner thread: rescans jobs when they change, updates the tracker, publishes snapshots.
+
+A job is rescanned when its watcher saw a change, when its poll period is up (network
+filesystems), at most once a second while a save is in progress (to see progress and aborts),
+and by a full reconcile every ``scan.reconcile_interval`` or after an inotify queue overflow.
+Validation of newly committed generations runs on a worker thread so that a slow read never
+holds up detection.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from checkpoint_exporter import layouts
+from checkpoint_exporter.config import Config, DiscoverConfig, Policy
+from checkpoint_exporter.layouts.base import Options
+from checkpoint_exporter.listing import Dir, OpsBudget, TreeReader
+from checkpoint_exporter.model import DURABLE, DaemonState, WatchedPath
+from checkpoint_exporter.tracker import Histogram, JobTracker, Tracker, ValidationRequest, job_paths
+from checkpoint_exporter.validate import Limits, Verdict, validate
+from checkpoint_exporter.watch import INOTIFY, POLL, Watcher, choose_mode, mount_of, read_mounts
+
+log = logging.getLogger(__name__)
+
+SCAN_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 120)
+_JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+
+
+@dataclass
+class _Tier:
+    tier: str
+    path: str
+    reader: TreeReader
+    mode: str
+    reason: str
+
+
+@dataclass
+class _Source:
+    """Scanning state of one job."""
+
+    name: str
+    policy: Policy
+    tiers: list[_Tier]
+    fixed_layout: str | None
+    last_scan: float = 0.0
+    next_poll: float = 0.0
+    reconcile: bool = True
+    discovered_from: str | None = None
+    missing_since: float | None = None
+
+    @property
+    def polled(self) -> bool:
+        return any(tier.mode == POLL for tier in self.tiers)
+
+
+@dataclass
+class _Discovery:
+    entry: DiscoverConfig
+    next_listing: float = 0.0
+    excess: int = 0
+    reported: set[str] = field(default_factory=set)
+
+
+class Validator:
+    """Runs structural checks on a worker thread; verdicts are collected by the scanner."""
+
+    def __init__(self, limits: Limits):
+        self.limits = limits
+        self._requests: queue.Queue[tuple[ValidationRequest, str] | None] = queue.Queue()
+        self.verdicts: queue.Queue[tuple[ValidationRequest, Verdict]] = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="validator", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._requests.put(None)
+        self._thread.join(timeout=5)
+
+    def submit(self, request: ValidationRequest, root: str) -> None:
+        self._requests.put((request, root))
+
+    def _run(self) -> None:
+        while (item := self._requests.get()) is not None:
+            request, root = item
+            try:
+                verdict = validate(root, request.found.checks, self.limits)
+            except Exception:
+                log.exception("validation of %s/%s failed", root, request.generation)
+                continue
+            if not verdict.valid:
+                log.warning(
+                    "invalid checkpoint: job=%s generation=%s reason=%s %s",
+                    request.job, request.generation, verdict.reason, verdict.detail,
+                )  # fmt: skip
+            self.verdicts.put((request, verdict))
+
+
+class Scanner:
+    def __init__(
+        self,
+        config: Config,
+        tracker: Tracker,
+        watcher_factory: Callable[..., Watcher] | None = Watcher,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.tracker = tracker
+        self.clock = clock
+        self._mounts = read_mounts(config.paths.procfs)
+        self._network_budget = OpsBudget(config.scan.metadata_ops_per_second)
+        self._local_budget = OpsBudget(0)
+        self._scans = Histogram(SCAN_BUCKETS)
+        self._scan_errors = 0
+        self._overflows = 0
+        self._dirty: set[str] = set()
+        self._reconcile_all_at = time.monotonic() + config.scan.reconcile_interval
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="scanner", daemon=True)
+        self.validator = Validator(
+            Limits(checksum_bytes_per_second=config.scan.checksum_bytes_per_second)
+        )
+        self.watcher = watcher_factory(self._changed, self._overflowed) if watcher_factory else None
+        self._sources: dict[str, _Source] = {}
+        self._discoveries = [_Discovery(entry) for entry in config.discover]
+        for job in config.jobs:
+            self._add(job.name, job_paths(job), job.policy, None)
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self.watcher is not None:
+            self.watcher.start()
+        self.validator.start()
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout=5)
+        self.validator.stop()
+        if self.watcher is not None:
+            self.watcher.stop()
+
+    def _run(self) -> None:
+        failing = False
+        while not self._stop.is_set():
+            try:
+                self.step()
+                failing = False
+            except Exception:
+                # Once per run of failures: a persistent fault must not flood the log.
+                if not failing:
+                    log.exception("scan pass failed; retrying every 0.2 s")
+                failing = True
+            self._wake.wait(timeout=0.2)
+            self._wake.clear()
+
+    # --- watcher callbacks (other threads) ---------------------------------------------------
+
+    def _changed(self, key: str, path: str) -> None:
+        with self._lock:
+            self._dirty.add(key)
+        self._wake.set()
+
+    def _overflowed(self, path: str | None) -> None:
+        with self._lock:
+            self._overflows += 1
+            for source in self._sources.values():
+                if path is None or any(
+                    _contains(tier.path, path) or _contains(path, tier.path)
+                    for tier in source.tiers
+                ):
+                    source.reconcile = True
+        log.warning("inotify queue overflowed below %s: reconciling", path or "a watch")
+        self._wake.set()
+
+    # --- jobs --------------------------------------------------------------------------------
+
+    def _add(
+        self,
+        name: str,
+        paths: tuple[WatchedPath, ...],
+        policy: Policy,
+        discovered_from: str | None,
+    ) -> None:
+        tiers = []
+        for watched in paths:
+            mount = mount_of(watched.path, self._mounts)
+            mode, reason = choose_mode(policy.watch, mount)
+            network = mount is not None and mode == POLL and reason.startswith("network")
+            budget = self._network_budget if network else self._local_budget
+            reader = TreeReader(
+                watched.path, budget, layouts.ALL_CONTENT_FILES, self.config.scan.max_depth
+            )
+            if mode == INOTIFY and self.watcher is not None:
+                failure = self.watcher.watch(name, watched.path)
+                if failure is not None:
+                    mode, reason = POLL, failure
+                    log.warning("job=%s path=%s: %s; polling instead", name, watched.path, failure)
+            tiers.append(_Tier(watched.tier, watched.path, reader, mode, reason))
+            log.info("watching job=%s tier=%s path=%s mode=%s (%s)",
+                     name, watched.tier, watched.path, mode, reason)  # fmt: skip
+        fixed = None if policy.layout == "auto" else policy.layout
+        source = _Source(name, policy, tiers, fixed, discovered_from=discovered_from)
+        self._sources[name] = source
+        if name not in self.tracker.jobs:
+            self.tracker.add(JobTracker(name, paths, policy))
+        self.tracker.jobs[name].paths = tuple(
+            WatchedPath(tier.tier, tier.path, tier.mode) for tier in tiers
+        )
+
+    def _remove(self, name: str) -> None:
+        self._sources.pop(name, None)
+        self.tracker.forget(name)
+        if self.watcher is not None:
+            self.watcher.unwatch(name)
+
+    def _discover(self, now: float) -> None:
+        configured = {job.name for job in self.config.jobs}
+        for discovery in self._discoveries:
+            entry = discovery.entry
+            if now < discovery.next_listing:
+                continue
+            discovery.next_listing = now + entry.policy.poll_interval
+            try:
+                with os.scandir(entry.root) as listing:
+                    names = sorted(e.name for e in listing if e.is_dir(follow_symlinks=False))
+            except OSError as error:
+                log.warning("cannot list discover root %s: %s", entry.root, error.strerror)
+                continue
+            names = [n for n in names if _JOB_NAME.fullmatch(n) and n not in configured]
+            keep, excess = names[: entry.max_jobs], names[entry.max_jobs :]
+            discovery.excess = len(excess)
+            for name in excess:
+                if name not in discovery.reported:
+                    discovery.reported.add(name)
+                    log.warning(
+                        "discover root %s: job %s is over max_jobs=%d and is not watched",
+                        entry.root, name, entry.max_jobs,
+                    )  # fmt: skip
+            present = set(keep)
+            for name in keep:
+                source = self._sources.get(name)
+                if source is None:
+                    path = os.path.join(entry.root, name)
+                    self._add(name, (WatchedPath(DURABLE, path),), entry.policy, str(entry.root))
+                else:
+                    source.missing_since = None
+            for name, source in list(self._sources.items()):
+                if source.discovered_from != str(entry.root) or name in present:
+                    continue
+                wall = self.clock()
+                source.missing_since = source.missing_since or wall
+                if wall - source.missing_since >= entry.forget_after:
+                    log.info("forgetting job=%s: gone from %s", name, entry.root)
+                    self._remove(name)
+
+    # --- scanning ----------------------------------------------------------------------------
+
+    def step(self) -> None:
+        """One pass: discover, rescan what is due, apply verdicts, abort stalled saves, publish."""
+        now = time.monotonic()
+        self._discover(now)
+        if now >= self._reconcile_all_at:
+            self._reconcile_all_at = now + self.config.scan.reconcile_interval
+            for source in self._sources.values():
+                source.reconcile = True
+        with self._lock:
+            dirty, self._dirty = self._dirty, set()
+        for name, source in list(self._sources.items()):
+            if self._due(source, name in dirty, now):
+                self._scan(source, now)
+        self._apply_verdicts()
+        wall = self.clock()
+        for job in self.tracker.jobs.values():
+            job.tick(wall)
+        self.tracker.publish(self._daemon_state())
+
+    def _due(self, source: _Source, dirty: bool, now: float) -> bool:
+        if dirty or source.reconcile:
+            return True
+        if source.polled and now >= source.next_poll:
+            return True
+        job = self.tracker.jobs.get(source.name)
+        return job is not None and job.has_saves_in_progress() and now - source.last_scan >= 1.0
+
+    def _scan(self, source: _Source, now: float) -> None:
+        started = time.perf_counter()
+        job = self.tracker.jobs[source.name]
+        for tier in source.tiers:
+            hot = job.hot_directories(tier.tier)
+            found = self._found(source, tier, tier.reader.read(hot, force=source.reconcile)[0])
+            requests = job.observe(tier.tier, found, self.clock())
+            if job.just_committed:
+                # Sizes were last statted mid-write: one full read of what just committed.
+                tree = tier.reader.read(hot, force_paths=job.just_committed)[0]
+                requests = job.observe(tier.tier, self._found(source, tier, tree), self.clock())
+            for request in requests:
+                job.submitted(request)
+                self.validator.submit(request, tier.path)
+        source.reconcile = False
+        source.last_scan = now
+        source.next_poll = now + source.policy.poll_interval
+        self._scans.observe(time.perf_counter() - started)
+
+    def _found(self, source: _Source, tier: _Tier, tree: Dir | None) -> list[layouts.Found]:
+        if tree is None:
+            return []
+        job = self.tracker.jobs[source.name]
+        name = source.fixed_layout or layouts.detect(tree)
+        if name is None:
+            return []  # nothing recognisable yet
+        if tier.tier == DURABLE and name != job.layout and not source.fixed_layout:
+            log.info("job=%s: layout detected as %s", source.name, name)
+            job.layout = name
+        options = Options(verify_checksums=source.policy.verify_checksums)
+        return layouts.REGISTRY[name].parse(tree, options)
+
+    def _apply_verdicts(self) -> None:
+        while True:
+            try:
+                request, verdict = self.validator.verdicts.get_nowait()
+            except queue.Empty:
+                return
+            job = self.tracker.jobs.get(request.job)
+            if job is not None:
+                job.apply_verdict(request, verdict)
+
+    def _daemon_state(self) -> DaemonState:
+        return DaemonState(
+            scans=self._scans.state(),
+            metadata_operations=self._network_budget.total + self._local_budget.total,
+            watch_overflows=self._overflows,
+            scan_errors=self._scan_errors,
+            discover_excess=tuple((str(d.entry.root), d.excess) for d in self._discoveries),
+        )
+
+
+def _contains(parent: str, child: str) -> bool:
+    parent = parent.rstrip("/")
+    return child == parent or child.startswith(parent + "/")

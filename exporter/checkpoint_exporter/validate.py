@@ -1,0 +1,224 @@
+"""Structural validation of a committed generation, cheap and without loading tensors.
+
+Each ``Check`` a layout attaches is run here: DCP metadata against its shards, the zip trailer of
+torch.save files, safetensors headers and indexes, and (opt-in) Megatron's sha256 manifest.
+Everything is read through ``fsread`` (read-only, no symlinks, no FIFOs).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from checkpoint_exporter import dcp_metadata, fsread
+from checkpoint_exporter.layouts import dcp as dcp_layout
+from checkpoint_exporter.layouts.base import (
+    DCP,
+    INTEGRITY,
+    SAFETENSORS,
+    SAFETENSORS_INDEX,
+    ZIP,
+    Check,
+)
+from checkpoint_exporter.listing import Dir
+
+MISSING_SHARD = "missing_shard"
+TRUNCATED_SHARD = "truncated_shard"
+BAD_METADATA = "bad_metadata"
+CHECKSUM = "checksum"
+REASONS = (MISSING_SHARD, TRUNCATED_SHARD, BAD_METADATA, CHECKSUM)
+
+_EOCD = b"PK\x05\x06"
+_ZIP64_LOCATOR = b"PK\x06\x07"
+_ZIP_TAIL = 22 + 65535  # the end record plus the longest comment
+_JSON_LIMIT = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Verdict:
+    valid: bool
+    reason: str | None = None  # one of REASONS when invalid
+    detail: str = ""
+
+
+VALID = Verdict(True)
+
+
+@dataclass
+class Limits:
+    metadata_bytes: int = dcp_metadata.DEFAULT_SIZE_LIMIT
+    checksum_bytes_per_second: float = 200e6  # 0 = unlimited
+
+
+class _Invalid(Exception):
+    def __init__(self, reason: str, detail: str):
+        super().__init__(detail)
+        self.verdict = Verdict(False, reason, detail)
+
+
+def validate(root: str, checks: Sequence[Check], limits: Limits | None = None) -> Verdict:
+    """The first failing check's verdict, or VALID. ``root`` is the tier root directory."""
+    limits = limits or Limits()
+    runners = {
+        DCP: _dcp,
+        ZIP: _zip,
+        SAFETENSORS: _safetensors,
+        SAFETENSORS_INDEX: _safetensors_index,
+        INTEGRITY: _integrity,
+    }
+    try:
+        for check in checks:
+            runners[check.kind](os.path.join(root, check.path), check, limits)
+    except _Invalid as invalid:
+        return invalid.verdict
+    return VALID
+
+
+def _size(path: str, relative: str, listing: Dir | None) -> int:
+    """A file's size: the listing's, confirmed with one lstat when it looks too small or absent."""
+    if listing is not None and "/" not in relative:
+        known = listing.file(relative)
+        if known is not None:
+            return known[0]
+    try:
+        return os.lstat(os.path.join(path, relative)).st_size
+    except FileNotFoundError:
+        raise _Invalid(MISSING_SHARD, f"{relative} is missing") from None
+
+
+def _dcp(path: str, check: Check, limits: Limits) -> None:
+    names = dcp_layout.metadata_files(check.listing) if check.listing else [dcp_layout.METADATA]
+    for name in names or [dcp_layout.METADATA]:
+        try:
+            metadata = dcp_metadata.read(os.path.join(path, name), limits.metadata_bytes)
+        except FileNotFoundError:
+            raise _Invalid(MISSING_SHARD, f"{name} is missing") from None
+        except (dcp_metadata.MetadataError, OSError) as error:
+            raise _Invalid(BAD_METADATA, f"{name}: {error}") from None
+        for relative, needed in sorted(metadata.shards.items()):
+            size = _size(path, relative, check.listing)
+            if size < needed:
+                # The listing may predate the last write: look again before calling it truncated.
+                size = _size(path, relative, None)
+            if size < needed:
+                raise _Invalid(
+                    TRUNCATED_SHARD, f"{relative} is {size} bytes, metadata needs {needed}"
+                )
+
+
+def _zip(path: str, check: Check, limits: Limits) -> None:
+    try:
+        tail, size = fsread.read_tail(path, _ZIP_TAIL)
+    except FileNotFoundError:
+        raise _Invalid(MISSING_SHARD, f"{check.path} is missing") from None
+    except OSError as error:
+        raise _Invalid(TRUNCATED_SHARD, f"{check.path}: {error}") from None
+    if _end_record(tail, size) is None:
+        raise _Invalid(TRUNCATED_SHARD, f"{check.path} has no zip end-of-central-directory record")
+
+
+def _end_record(tail: bytes, size: int) -> tuple[int, int] | None:
+    """(central directory offset, size) of the zip's end record, when it is intact."""
+    position = tail.rfind(_EOCD)
+    while position >= 0:
+        if len(tail) - position >= 22:
+            directory_size, directory_offset, comment_length = struct.unpack_from(
+                "<IIH", tail, position + 12
+            )
+            if position + 22 + comment_length == len(tail):
+                start = size - len(tail)
+                if directory_offset == 0xFFFFFFFF or directory_size == 0xFFFFFFFF:
+                    # ZIP64: a locator must sit right before the end record.
+                    if position >= 20 and tail[position - 20 : position - 16] == _ZIP64_LOCATOR:
+                        return directory_offset, directory_size
+                elif directory_offset + directory_size <= start + position:
+                    return directory_offset, directory_size
+        position = tail.rfind(_EOCD, 0, position)
+    return None
+
+
+def _safetensors(path: str, check: Check, limits: Limits) -> None:
+    try:
+        fd = fsread.open_regular(path)
+    except FileNotFoundError:
+        raise _Invalid(MISSING_SHARD, f"{check.path} is missing") from None
+    try:
+        size = os.fstat(fd).st_size
+        head = os.pread(fd, 8, 0)
+        if len(head) < 8:
+            raise _Invalid(TRUNCATED_SHARD, f"{check.path} is shorter than its header")
+        (header_length,) = struct.unpack("<Q", head)
+        if header_length > min(_JSON_LIMIT, size):
+            raise _Invalid(TRUNCATED_SHARD, f"{check.path}: header of {header_length} bytes")
+        try:
+            header = json.loads(os.pread(fd, header_length, 8))
+            ends = [
+                entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"
+            ]
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError) as error:
+            raise _Invalid(BAD_METADATA, f"{check.path}: unreadable header ({error})") from None
+        needed = 8 + header_length + max(ends, default=0)
+        if size < needed:
+            raise _Invalid(TRUNCATED_SHARD, f"{check.path} is {size} bytes, header needs {needed}")
+    finally:
+        os.close(fd)
+
+
+def _json(path: str, label: str) -> object:
+    try:
+        return json.loads(fsread.read_bytes(path, _JSON_LIMIT))
+    except FileNotFoundError:
+        raise _Invalid(MISSING_SHARD, f"{label} is missing") from None
+    except (OSError, ValueError) as error:
+        raise _Invalid(BAD_METADATA, f"{label}: {error}") from None
+
+
+def _safetensors_index(path: str, check: Check, limits: Limits) -> None:
+    index = _json(path, check.path)
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict):
+        raise _Invalid(BAD_METADATA, f"{check.path} has no weight_map")
+    directory = os.path.dirname(path)
+    for shard in sorted({str(name) for name in weight_map.values()}):
+        if os.path.isabs(shard) or ".." in shard.split("/"):
+            raise _Invalid(BAD_METADATA, f"{check.path} names {shard!r}, outside the checkpoint")
+        _size(directory, shard, check.listing)
+
+
+def _integrity(path: str, check: Check, limits: Limits) -> None:
+    manifest = _json(os.path.join(path, "integrity.json"), f"{check.path}/integrity.json")
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(files, dict) or manifest.get("algorithm", "sha256") != "sha256":
+        raise _Invalid(BAD_METADATA, f"{check.path}/integrity.json is not a sha256 manifest")
+    for name, expected in sorted(files.items()):
+        if not isinstance(name, str) or os.path.isabs(name) or ".." in name.split("/"):
+            raise _Invalid(BAD_METADATA, f"integrity.json names {name!r}, outside the checkpoint")
+        try:
+            actual = _sha256(os.path.join(path, name), limits.checksum_bytes_per_second)
+        except FileNotFoundError:
+            raise _Invalid(MISSING_SHARD, f"{name} is missing") from None
+        if actual != str(expected).lower():
+            raise _Invalid(CHECKSUM, f"{name}: sha256 {actual} does not match the manifest")
+
+
+def _sha256(path: str, bytes_per_second: float) -> str:
+    """The file's sha256, reading no faster than ``bytes_per_second`` (0: unlimited)."""
+    digest = hashlib.sha256()
+    fd = fsread.open_regular(path)
+    started, done = time.monotonic(), 0
+    try:
+        while chunk := os.read(fd, 4 << 20):
+            digest.update(chunk)
+            done += len(chunk)
+            if bytes_per_second > 0:
+                ahead = done / bytes_per_second - (time.monotonic() - started)
+                if ahead > 0:
+                    time.sleep(ahead)
+    finally:
+        os.close(fd)
+    return digest.hexdigest()

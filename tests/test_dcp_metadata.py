@@ -1,0 +1,148 @@
+"""The allowlisted DCP metadata reader: real metadata parses; hostile pickles never run."""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from checkpoint_exporter import dcp_metadata
+from checkpoint_exporter.dcp_metadata import MetadataError
+
+WRITE_REAL = r"""
+import sys, warnings
+warnings.filterwarnings("ignore")
+import torch, torch.distributed.checkpoint as dcp
+sd = {"model": {"w": torch.randn(32, 16), "b": torch.zeros(8, dtype=torch.bfloat16)}, "step": 7}
+dcp.save(sd, checkpoint_id=sys.argv[1], no_dist=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def real_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("dcp") / "step-7"
+    subprocess.run([sys.executable, "-c", WRITE_REAL, str(path)], check=True, timeout=300)
+    return path
+
+
+def test_reads_real_torch_metadata_without_torch(real_checkpoint: Path) -> None:
+    code = (
+        "import sys; from checkpoint_exporter import dcp_metadata; "
+        f"m = dcp_metadata.read({str(real_checkpoint / '.metadata')!r}); "
+        "print(m.version, sorted(m.shards.items())); print('torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    version_line, torch_loaded = out.stdout.strip().splitlines()
+    size = os.path.getsize(real_checkpoint / "__0_0.distcp")
+    assert version_line == f"1.0.0 [('__0_0.distcp', {size})]"
+    assert torch_loaded == "False"
+
+
+class _Evil:
+    def __init__(self, target: Path):
+        self.target = target
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.target}",))
+
+
+class _Eval:
+    def __reduce__(self):
+        return (eval, ("__import__('os').system('true')",))
+
+
+def _global(module: str, name: str) -> bytes:
+    return b"c" + module.encode() + b"\n" + name.encode() + b"\n" + b"."
+
+
+@pytest.mark.parametrize(
+    "payload_name",
+    ["os_system", "builtins_eval", "nested_global", "getattr_chain", "subprocess", "persistent"],
+)
+def test_code_execution_is_refused(tmp_path: Path, payload_name: str) -> None:
+    marker = tmp_path / "pwned"
+    payloads = {
+        "os_system": pickle.dumps(_Evil(marker)),
+        "builtins_eval": pickle.dumps(_Eval()),
+        "nested_global": _global("torch.distributed.checkpoint.metadata", "os.system"),
+        "getattr_chain": _global("builtins", "getattr"),
+        "subprocess": _global("subprocess", "Popen"),
+        "persistent": b"\x80\x04P1\n.",
+    }
+    with pytest.raises(MetadataError):
+        dcp_metadata.loads(payloads[payload_name])
+    assert not marker.exists()
+
+
+def test_a_class_allowed_for_one_module_is_refused_in_another() -> None:
+    with pytest.raises(MetadataError, match=r"refused to load os\.Metadata"):
+        dcp_metadata.loads(_global("os", "Metadata"))
+
+
+def test_pickle_bomb_and_oversized_claims_are_bounded(tmp_path: Path) -> None:
+    # A billion-laughs memo bomb: 40 levels of lists, each holding the previous one ten times,
+    # 10**40 leaves in a few hundred bytes. Nothing here walks it, so it costs nothing.
+    out = io.BytesIO()
+    out.write(b"\x80\x04]\x94(" + b"K\x01" * 10 + b"e")
+    for level in range(1, 41):
+        out.write(b"(" + (b"h" + bytes([level - 1])) * 10 + b"l\x94")
+    out.write(b".")
+    started = time.monotonic()
+    with pytest.raises(MetadataError):
+        dcp_metadata.loads(out.getvalue())
+    # A claimed 4 GiB string in a tiny file, and a file above the size limit.
+    with pytest.raises(MetadataError):
+        dcp_metadata.loads(b"\x80\x04\x8d" + (2**32).to_bytes(8, "little") + b"abc")
+    big = tmp_path / "big.metadata"
+    big.write_bytes(b"\0" * 2048)
+    with pytest.raises(MetadataError, match="above the 1024-byte limit"):
+        dcp_metadata.read(str(big), size_limit=1024)
+    assert time.monotonic() - started < 5
+
+
+def _metadata_with_path(relative_path: str) -> bytes:
+    code = rf"""
+import pickle, sys, warnings
+warnings.filterwarnings("ignore")
+from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, BytesStorageMetadata
+from torch.distributed.checkpoint.filesystem import _StorageInfo
+index = MetadataIndex("step")
+m = Metadata(state_dict_metadata={{"step": BytesStorageMetadata()}},
+             storage_data={{index: _StorageInfo({relative_path!r}, 0, 10)}})
+sys.stdout.buffer.write(pickle.dumps(m))
+"""
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, check=True, timeout=300
+    ).stdout
+
+
+@pytest.mark.parametrize("relative_path", ["../../etc/passwd", "/etc/passwd", "a/../../x"])
+def test_traversal_in_relative_path_is_refused(relative_path: str) -> None:
+    with pytest.raises(MetadataError, match="leaves the checkpoint directory"):
+        dcp_metadata.loads(_metadata_with_path(relative_path))
+
+
+def test_garbage_and_wrong_top_level_objects() -> None:
+    for data in (b"", b"not a pickle", pickle.dumps({"storage_data": {}}), pickle.dumps(42)):
+        with pytest.raises(MetadataError):
+            dcp_metadata.loads(data)
+
+
+def test_symlinked_or_special_metadata_is_not_read(tmp_path: Path, real_checkpoint: Path) -> None:
+    link = tmp_path / ".metadata"
+    link.symlink_to(real_checkpoint / ".metadata")
+    with pytest.raises(OSError):
+        dcp_metadata.read(str(link))
+    fifo = tmp_path / "fifo.metadata"
+    os.mkfifo(fifo)
+    started = time.monotonic()
+    with pytest.raises(OSError):
+        dcp_metadata.read(str(fifo))  # would block forever with a plain open()
+    assert time.monotonic() - started < 2

@@ -1,0 +1,304 @@
+"""A running exporter watching real multi-process PyTorch DCP jobs (torch CPU build, gloo).
+
+This is the issue's "done when": each commit of `dcp.save` and `dcp.async_save` shows in
+/metrics within a second (inotify) with the right step, size, file count and validity; a save
+killed mid-commit ends aborted while the previous generation stays the last committed; broken
+and hostile generations are judged invalid without the exporter running anything.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, Exporter, sample, wait_for, write_config
+
+WRITER = REPO / "tests" / "helpers" / "dcp_writer.py"
+
+
+class Writer:
+    """The DCP job in its own process group, its JSON lines on a queue."""
+
+    def __init__(self, root: Path, *args: str):
+        self.process = subprocess.Popen(
+            [sys.executable, str(WRITER), str(root), *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        self.lines: queue.Queue[dict] = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            if line.startswith("{"):
+                self.lines.put(json.loads(line))
+
+    def next(self, timeout: float = 120) -> dict:
+        try:
+            return self.lines.get(timeout=timeout)
+        except queue.Empty:
+            stderr = self.process.stderr.read() if self.process.poll() is not None else ""
+            raise AssertionError(
+                f"writer printed nothing for {timeout} s: {stderr[-2000:]}"
+            ) from None
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=30)
+        for stream in (self.process.stdout, self.process.stderr):
+            if stream:
+                stream.close()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("live")
+    for job in ("live", "killed", "broken"):
+        (root / job).mkdir()
+    config = write_config(
+        root,
+        """
+defaults: {interval: 1m, deadline: 20s}
+jobs:
+  - {name: live, path: live, watch: inotify}
+  - {name: killed, path: killed, deadline: 3s}
+  - {name: broken, path: broken, layout: dcp}
+""",
+    )
+    exporter = Exporter("--config.file", str(config))
+    yield root, exporter
+    exporter.close()
+
+
+def metrics(exporter: Exporter) -> str:
+    return exporter.get("/metrics").text
+
+
+def scrape_until(
+    exporter: Exporter, name: str, value: float | None, timeout: float = 10, **labels: str
+) -> str:
+    """Scrape until ``name{labels}`` reads ``value``; returns that scrape's text."""
+    last: list[str] = [""]
+
+    def check() -> bool:
+        last[0] = metrics(exporter)
+        return sample(last[0], name, **labels) == value
+
+    wait_for(check, timeout=timeout, interval=0.01)
+    return last[0]
+
+
+def test_each_commit_is_visible_within_a_second(cluster) -> None:
+    root, exporter = cluster
+    writer = Writer(root / "live", "--steps", "4", "--interval", "1.5", "--mode", "both")
+    try:
+        latencies, modes = [], set()
+        for _ in range(4):
+            line = writer.next()
+            step, path = line["step"], Path(line["path"])
+            modes.add(line["mode"])
+
+            scrape_until(exporter, "checkpoint_last_committed_step", step, 5, training_job="live")
+            latencies.append(time.time() - (path / ".metadata").stat().st_mtime)
+            files = sorted(p for p in path.iterdir() if p.is_file())
+            text = scrape_until(exporter, "checkpoint_last_committed_valid", 1, training_job="live")
+            assert sample(text, "checkpoint_last_committed_files", training_job="live") == len(
+                files
+            )
+            assert sample(text, "checkpoint_last_committed_size_bytes", training_job="live") == sum(
+                p.stat().st_size for p in files
+            )
+        assert modes == {"sync", "async"}
+        print(f"commit-to-metrics latencies: {[round(x, 3) for x in latencies]}")
+        assert max(latencies) < 1.0, latencies
+        text = metrics(exporter)
+        assert sample(text, "checkpoint_saves_committed_total", training_job="live") == 4
+        assert sample(text, "checkpoint_saves_in_progress", training_job="live") == 0
+        assert sample(text, "checkpoint_retained_generations", training_job="live") == 4
+        assert sample(text, "checkpoint_deadline_misses_total", training_job="live") == 0
+        assert (
+            sample(
+                text, "checkpoint_save_duration_seconds_count", training_job="live", phase="total"
+            )
+            == 4
+        )
+        assert sample(text, "checkpoint_job_info", training_job="live", layout="torchtitan") == 1
+        assert (
+            sample(text, "checkpoint_exporter_watch_info", training_job="live", mode="inotify") == 1
+        )
+    finally:
+        writer.kill()
+
+
+def test_a_save_killed_mid_commit_is_aborted(cluster) -> None:
+    root, exporter = cluster
+    writer = Writer(
+        root / "killed", "--steps", "2", "--first-step", "10", "--step-every", "10",
+        "--interval", "0.5", "--hang-in-finish", "20",
+    )  # fmt: skip
+    try:
+        assert writer.next()["step"] == 10
+        assert writer.next()["event"] == "in-finish"  # shards of step 20 written, no .metadata
+        wait_for(
+            lambda: (
+                sample(metrics(exporter), "checkpoint_saves_in_progress", training_job="killed")
+                == 1
+            )
+        )
+    finally:
+        writer.kill()
+    started = time.monotonic()
+    wait_for(
+        lambda: (
+            sample(metrics(exporter), "checkpoint_saves_aborted_total", training_job="killed") == 1
+        ),
+        timeout=15,
+    )
+    assert time.monotonic() - started < 8  # the 3 s deadline, plus a scan
+    time.sleep(1.5)  # the abort is counted once, not on every scan
+    text = metrics(exporter)
+    assert sample(text, "checkpoint_saves_aborted_total", training_job="killed") == 1
+    assert sample(text, "checkpoint_last_committed_step", training_job="killed") == 10
+    assert sample(text, "checkpoint_last_committed_valid", training_job="killed") == 1
+    assert sample(text, "checkpoint_saves_in_progress", training_job="killed") == 0
+    assert not (root / "killed" / "step-20" / ".metadata").exists()
+
+
+def _publish(source: Path, target: Path) -> None:
+    """Land a finished generation the way DCP does: everything at once, by a rename."""
+    os.rename(source, target)
+
+
+def test_broken_and_hostile_generations_are_invalid(cluster, tmp_path: Path) -> None:
+    root, exporter = cluster
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    writer = Writer(staging, "--steps", "1", "--first-step", "1", "--interval", "0")
+    try:
+        writer.next()
+    finally:
+        writer.kill()
+    good = staging / "step-1"
+    _publish(shutil.copytree(good, staging / "a"), root / "broken" / "step-1")
+    wait_for(
+        lambda: (
+            sample(metrics(exporter), "checkpoint_last_committed_valid", training_job="broken") == 1
+        )
+    )
+
+    truncated = shutil.copytree(good, staging / "b")
+    shard = truncated / "__1_0.distcp"
+    os.truncate(shard, shard.stat().st_size // 2)
+    _publish(truncated, root / "broken" / "step-2")
+    wait_for(
+        lambda: (
+            sample(metrics(exporter), "checkpoint_last_committed_step", training_job="broken") == 2
+        )
+    )
+    wait_for(
+        lambda: (
+            sample(metrics(exporter), "checkpoint_last_committed_valid", training_job="broken") == 0
+        )
+    )
+    assert sample(
+        metrics(exporter), "checkpoint_validation_failures_total", training_job="broken",
+        reason="truncated_shard",
+    ) == 1  # fmt: skip
+
+    _publish(shutil.copytree(good, staging / "c"), root / "broken" / "step-3")
+    wait_for(
+        lambda: (
+            sample(metrics(exporter), "checkpoint_last_committed_valid", training_job="broken") == 1
+        )
+    )
+    (root / "broken" / "step-3" / "__0_0.distcp").unlink()  # a shard deleted after the commit
+    wait_for(
+        lambda: (
+            sample(metrics(exporter), "checkpoint_last_committed_valid", training_job="broken") == 0
+        )
+    )
+
+    marker = tmp_path / "pwned"
+    hostile = shutil.copytree(good, staging / "d")
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    import pickle
+
+    (hostile / ".metadata").write_bytes(pickle.dumps(Payload()))
+    _publish(hostile, root / "broken" / "step-4")
+    wait_for(
+        lambda: (
+            sample(metrics(exporter), "checkpoint_last_committed_step", training_job="broken") == 4
+        )
+    )
+    wait_for(
+        lambda: (
+            sample(metrics(exporter), "checkpoint_last_committed_valid", training_job="broken") == 0
+        )
+    )
+    text = metrics(exporter)
+    assert (
+        sample(
+            text,
+            "checkpoint_validation_failures_total",
+            training_job="broken",
+            reason="missing_shard",
+        )
+        == 1
+    )
+    assert (
+        sample(
+            text,
+            "checkpoint_validation_failures_total",
+            training_job="broken",
+            reason="bad_metadata",
+        )
+        == 1
+    )
+    assert sample(text, "checkpoint_retained_valid_generations", training_job="broken") == 1
+    assert not marker.exists()
+    assert exporter.process.poll() is None
+
+
+def test_history_at_startup_sets_gauges_not_counters(cluster) -> None:
+    root, _ = cluster
+    config = write_config(
+        root,
+        "jobs: [{name: live, path: live}, {name: broken, path: broken, layout: dcp}]\n",
+        "again.yaml",
+    )
+    restarted = Exporter("--config.file", str(config))
+    try:
+        text = metrics(restarted)
+        assert sample(text, "checkpoint_last_committed_step", training_job="live") == 400
+        assert sample(text, "checkpoint_saves_committed_total", training_job="live") == 0
+        assert sample(text, "checkpoint_retained_generations", training_job="live") == 4
+        text = scrape_until(restarted, "checkpoint_last_committed_valid", 0, training_job="broken")
+        assert (
+            sample(
+                text,
+                "checkpoint_validation_failures_total",
+                training_job="broken",
+                reason="bad_metadata",
+            )
+            == 0
+        )
+    finally:
+        restarted.close()
