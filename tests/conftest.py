@@ -52,9 +52,9 @@ class Response:
 class Exporter:
     """``checkpoint-exporter serve`` in a subprocess, listening on an ephemeral loopback port."""
 
-    def __init__(self, *args: str, cwd: Path | None = None):
+    def __init__(self, *args: str, cwd: Path | None = None, prefix: list[str] | None = None):
         self.process = subprocess.Popen(
-            [*CLI, "serve", "--web.listen-address", "127.0.0.1:0", *args],
+            [*(prefix or []), *CLI, "serve", "--web.listen-address", "127.0.0.1:0", *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -68,8 +68,13 @@ class Exporter:
     def _pump(self) -> None:
         assert self.process.stderr is not None
         for line in self.process.stderr:
+            self.log.append(line)
             self.lines.put(line)
         self.lines.put("")
+
+    def drain_log(self) -> list[str]:
+        """Every log line the exporter wrote so far."""
+        return list(self.log)
 
     def _wait_for_url(self, timeout: float = 20) -> str:
         deadline = time.monotonic() + timeout
@@ -78,7 +83,6 @@ class Exporter:
                 line = self.lines.get(timeout=0.2)
             except queue.Empty:
                 continue
-            self.log.append(line)
             match = re.search(r"url=(http://\S+?)(/[^\s\"]*)?[\s\"]", line)
             if "listening" in line and match:
                 return match.group(1)

@@ -107,26 +107,37 @@ def test_pickle_bomb_and_oversized_claims_are_bounded(tmp_path: Path) -> None:
     assert time.monotonic() - started < 5
 
 
-def _metadata_with_path(relative_path: str) -> bytes:
+TRAVERSALS = ("../../etc/passwd", "/etc/passwd", "a/../../x")
+
+
+@pytest.fixture(scope="module")
+def traversal_metadata() -> dict[str, bytes]:
+    """Real torch Metadata objects whose shard paths leave the checkpoint directory."""
     code = rf"""
 import pickle, sys, warnings
 warnings.filterwarnings("ignore")
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, BytesStorageMetadata
 from torch.distributed.checkpoint.filesystem import _StorageInfo
-index = MetadataIndex("step")
-m = Metadata(state_dict_metadata={{"step": BytesStorageMetadata()}},
-             storage_data={{index: _StorageInfo({relative_path!r}, 0, 10)}})
-sys.stdout.buffer.write(pickle.dumps(m))
+out = {{}}
+for path in {TRAVERSALS!r}:
+    index = MetadataIndex("step")
+    m = Metadata(state_dict_metadata={{"step": BytesStorageMetadata()}},
+                 storage_data={{index: _StorageInfo(path, 0, 10)}})
+    out[path] = pickle.dumps(m)
+sys.stdout.buffer.write(pickle.dumps(out))
 """
-    return subprocess.run(
+    data = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, check=True, timeout=300
     ).stdout
+    return pickle.loads(data)  # written by the test itself, a moment ago
 
 
-@pytest.mark.parametrize("relative_path", ["../../etc/passwd", "/etc/passwd", "a/../../x"])
-def test_traversal_in_relative_path_is_refused(relative_path: str) -> None:
+@pytest.mark.parametrize("relative_path", TRAVERSALS)
+def test_traversal_in_relative_path_is_refused(
+    relative_path: str, traversal_metadata: dict[str, bytes]
+) -> None:
     with pytest.raises(MetadataError, match="leaves the checkpoint directory"):
-        dcp_metadata.loads(_metadata_with_path(relative_path))
+        dcp_metadata.loads(traversal_metadata[relative_path])
 
 
 def test_garbage_and_wrong_top_level_objects() -> None:

@@ -41,6 +41,8 @@ class _Formatter(logging.Formatter):
 def setup(level: str = "info", style: str = "logfmt") -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_Formatter(style))
+    numeric = logging.getLevelName({"warn": "WARNING"}.get(level, level.upper()))
+    handler.setLevel(numeric)  # loggers tuned lower for their own reasons still print at this
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel({"warn": logging.WARNING}.get(level, level.upper()))
+    root.setLevel(numeric)

@@ -239,32 +239,35 @@ class Scanner:
             except OSError as error:
                 log.warning("cannot list discover root %s: %s", entry.root, error.strerror)
                 continue
-            names = [n for n in names if _JOB_NAME.fullmatch(n) and n not in configured]
-            keep, excess = names[: entry.max_jobs], names[entry.max_jobs :]
-            discovery.excess = len(excess)
-            for name in excess:
+            present = {n for n in names if _JOB_NAME.fullmatch(n) and n not in configured}
+            root = str(entry.root)
+            wall = self.clock()
+            tracked = [n for n, src in self._sources.items() if src.discovered_from == root]
+            for name in tracked:
+                source = self._sources[name]
+                if name in present:
+                    source.missing_since = None
+                    continue
+                # Gone: kept (its last state visible) until forget_after, then dropped.
+                source.missing_since = source.missing_since or wall
+                if wall - source.missing_since >= entry.forget_after:
+                    log.info("forgetting job=%s: gone from %s", name, root)
+                    self._remove(name)
+            tracked = [n for n in tracked if n in self._sources]
+            candidates = sorted(present - set(tracked))
+            slots = max(0, entry.max_jobs - len(tracked))
+            for name in candidates[:slots]:
+                self._add(
+                    name, (WatchedPath(DURABLE, os.path.join(root, name)),), entry.policy, root
+                )
+            discovery.excess = len(candidates) - min(slots, len(candidates))
+            for name in candidates[slots:]:
                 if name not in discovery.reported:
                     discovery.reported.add(name)
                     log.warning(
                         "discover root %s: job %s is over max_jobs=%d and is not watched",
-                        entry.root, name, entry.max_jobs,
+                        root, name, entry.max_jobs,
                     )  # fmt: skip
-            present = set(keep)
-            for name in keep:
-                source = self._sources.get(name)
-                if source is None:
-                    path = os.path.join(entry.root, name)
-                    self._add(name, (WatchedPath(DURABLE, path),), entry.policy, str(entry.root))
-                else:
-                    source.missing_since = None
-            for name, source in list(self._sources.items()):
-                if source.discovered_from != str(entry.root) or name in present:
-                    continue
-                wall = self.clock()
-                source.missing_since = source.missing_since or wall
-                if wall - source.missing_since >= entry.forget_after:
-                    log.info("forgetting job=%s: gone from %s", name, entry.root)
-                    self._remove(name)
 
     # --- scanning ----------------------------------------------------------------------------
 
@@ -300,11 +303,13 @@ class Scanner:
         job = self.tracker.jobs[source.name]
         for tier in source.tiers:
             hot = job.hot_directories(tier.tier)
-            found = self._found(source, tier, tier.reader.read(hot, force=source.reconcile)[0])
-            requests = job.observe(tier.tier, found, self.clock())
+            tree, stats = tier.reader.read(hot, force=source.reconcile)
+            self._scan_errors += len(stats.errors)
+            requests = job.observe(tier.tier, self._found(source, tier, tree), self.clock())
             if job.just_committed:
                 # Sizes were last statted mid-write: one full read of what just committed.
-                tree = tier.reader.read(hot, force_paths=job.just_committed)[0]
+                tree, stats = tier.reader.read(hot, force_paths=job.just_committed)
+                self._scan_errors += len(stats.errors)
                 requests = job.observe(tier.tier, self._found(source, tier, tree), self.clock())
             for request in requests:
                 job.submitted(request)

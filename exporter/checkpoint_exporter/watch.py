@@ -96,9 +96,14 @@ def choose_mode(preference: str, mount: Mount | None) -> tuple[str, str]:
     return INOTIFY, f"local filesystem {mount.fstype}"
 
 
+# watchdog's inotify reader logs each queue overflow once, here, then repairs its own watches.
+_OVERFLOW_LOGGER = "watchdog.observers.inotify_c"
+
+
 class _OverflowHook(logging.Handler):
     """watchdog recovers from an inotify queue overflow by itself but only says so in its log;
-    this turns that record into a callback, so the overflow is counted and reconciled."""
+    this turns that record into a callback, so the overflow is counted and reconciled (the
+    events lost could have been anyone's, so every job is reconciled)."""
 
     def __init__(self, callback: Callable[[str | None], None]):
         super().__init__(logging.DEBUG)
@@ -106,8 +111,7 @@ class _OverflowHook(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         if "overflow" in str(record.msg).lower():
-            path = record.args[0] if isinstance(record.args, tuple) and record.args else None
-            self.callback(str(path) if path is not None else None)
+            self.callback(None)
 
 
 class Watcher:
@@ -125,15 +129,16 @@ class Watcher:
         self._watches: dict[str, list[object]] = {}
         self._lock = threading.Lock()
         self._hook = _OverflowHook(on_overflow)
-        for name in ("watchdog.observers.inotify_c", "watchdog.observers.inotify"):
-            logging.getLogger(name).addHandler(self._hook)
+        overflow_logger = logging.getLogger(_OVERFLOW_LOGGER)
+        overflow_logger.addHandler(self._hook)
+        # Counted whatever --log.level says; the stderr handler still filters what is printed.
+        overflow_logger.setLevel(min(overflow_logger.getEffectiveLevel(), logging.WARNING))
 
     def start(self) -> None:
         self._observer.start()
 
     def stop(self) -> None:
-        for name in ("watchdog.observers.inotify_c", "watchdog.observers.inotify"):
-            logging.getLogger(name).removeHandler(self._hook)
+        logging.getLogger(_OVERFLOW_LOGGER).removeHandler(self._hook)
         self._observer.stop()
         self._observer.join(timeout=5)
 
