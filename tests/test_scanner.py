@@ -194,9 +194,8 @@ def test_retention_racing_the_scanner(tmp_path: Path, exporters) -> None:
         scraper.join()
     wait_for(lambda: value(exporter, "checkpoint_last_committed_step", training_job="j") == 60, 10)
     wait_for(lambda: value(exporter, "checkpoint_retained_generations", training_job="j") == 3, 10)
-    text = metrics(exporter)
-    assert sample(text, "checkpoint_last_committed_valid", training_job="j") == 1
-    assert sample(text, "checkpoint_saves_aborted_total", training_job="j") == 0
+    wait_for(lambda: value(exporter, "checkpoint_last_committed_valid", training_job="j") == 1, 10)
+    assert value(exporter, "checkpoint_saves_aborted_total", training_job="j") == 0
     assert exporter.process.poll() is None
 
 
