@@ -1,4 +1,4 @@
-"""The ``checkpoint-exporter`` command: serve (default) | check-config | plan.
+"""The ``checkpoint-exporter`` command: serve (default) | check-config | plan | restore-drill.
 
 Exit status: 0 ok, 2 usage or configuration error, 1 runtime failure.
 """
@@ -19,7 +19,7 @@ from typing import Any
 from checkpoint_exporter import __version__, logs
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
-VERBS = ("serve", "check-config", "plan")
+VERBS = ("serve", "check-config", "plan", "restore-drill")
 
 log = logging.getLogger("checkpoint_exporter")
 
@@ -121,6 +121,17 @@ def build_parser() -> argparse.ArgumentParser:
     check = verbs.add_parser("check-config", help="validate a config file and print it resolved")
     _add_common(check, config_required=True)
     _add_plan(verbs.add_parser("plan", help="sizing worksheet: model and cluster -> objectives"))
+    drill = verbs.add_parser(
+        "restore-drill", help="restore the newest committed generation; exit 0 only on success"
+    )
+    _add_common(drill, config_required=True)
+    drill.add_argument("--job", required=True, help="training job name")
+    drill.add_argument("--generation", metavar="ID", help="a generation id instead of the newest")
+    drill.add_argument(
+        "--full",
+        action="store_true",
+        help="also load it with torch.distributed.checkpoint into CPU memory (needs torch)",
+    )
     return parser
 
 
@@ -324,10 +335,26 @@ def _plan(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _restore_drill(args: argparse.Namespace) -> int:
+    from checkpoint_exporter.config import ConfigError, load_config
+    from checkpoint_exporter.restore import run_drill
+
+    try:
+        config = load_config(args.config_file)
+    except ConfigError as error:
+        return _report_config_error(error)
+    return run_drill(config, args.job, args.generation, args.full)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(_with_default_verb(sys.argv[1:] if argv is None else argv))
     logs.setup(getattr(args, "log_level", "info"), getattr(args, "log_format", "logfmt"))
-    handler = {"serve": _serve, "check-config": _check_config, "plan": _plan}[args.verb]
+    handler = {
+        "serve": _serve,
+        "check-config": _check_config,
+        "plan": _plan,
+        "restore-drill": _restore_drill,
+    }[args.verb]
     try:
         return handler(args)
     except KeyboardInterrupt:

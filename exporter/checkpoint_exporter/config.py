@@ -119,6 +119,7 @@ class Config:
     web: WebConfig = field(default_factory=WebConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
     spool: Path = Path("/var/lib/checkpoint-exporter/spool")
+    spool_retention: float = 7 * 86400.0  # spool files untouched this long are removed
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     scan: ScanConfig = field(default_factory=ScanConfig)
     defaults: Policy = field(default_factory=Policy)
@@ -501,6 +502,7 @@ def _parse(data: object, checker: _Checker) -> Config:
             "web": lambda v: v,
             "paths": lambda v: v,
             "spool": checker.path,
+            "spool_retention": _positive_duration,
             "telemetry": lambda v: v,
             "scan": lambda v: v,
             "defaults": lambda v: v,
@@ -569,7 +571,8 @@ def _parse(data: object, checker: _Checker) -> Config:
         jobs=jobs,
         discover=discover,
     )
-    return replace(config, spool=top["spool"]) if "spool" in top else config
+    overrides = {key: top[key] for key in ("spool", "spool_retention") if key in top}
+    return replace(config, **overrides)
 
 
 def _list(checker: _Checker, raw: object, key: str) -> list[object]:
@@ -704,6 +707,7 @@ def config_to_dict(config: Config) -> dict[str, Any]:
         },
         "paths": {k: str(getattr(config.paths, k)) for k in ("procfs", "sysfs", "rootfs")},
         "spool": str(config.spool),
+        "spool_retention": format_duration(config.spool_retention),
         "telemetry": {
             "sample_interval": format_duration(config.telemetry.sample_interval),
             "network_devices": config.telemetry.network_devices,

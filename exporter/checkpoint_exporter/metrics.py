@@ -192,6 +192,18 @@ LAST_SAVE_PHASE = MetricSpec(
     "Duration of each phase of the newest committed save.",
     ("training_job", "phase"),
 )
+LAST_SAVE_WRITE_END = MetricSpec(
+    "checkpoint_last_save_local_write_end_timestamp_seconds",
+    "gauge",
+    "When the newest save's last rank on this node finished writing (cross-node stragglers).",
+    _JOB,
+)
+LAST_SAVE_WRITE_SPREAD = MetricSpec(
+    "checkpoint_last_save_local_write_spread_seconds",
+    "gauge",
+    "Spread of the newest save's write ends across this node's ranks.",
+    _JOB,
+)
 RETAINED_GENERATIONS = MetricSpec(
     "checkpoint_retained_generations",
     "gauge",
@@ -215,6 +227,33 @@ VALIDATION_FAILURES = MetricSpec(
     "counter",
     "Committed generations found structurally broken, by reason.",
     ("training_job", "reason"),
+)
+
+# --- restores --------------------------------------------------------------------------------
+
+RESTORE_LAST_SUCCESS = MetricSpec(
+    "checkpoint_restore_last_success_timestamp_seconds",
+    "gauge",
+    "When a restore (drill or training job) last succeeded.",
+    _JOB,
+)
+RESTORE_LAST_DURATION = MetricSpec(
+    "checkpoint_restore_last_duration_seconds",
+    "gauge",
+    "Duration of the newest finished restore, successful or not.",
+    _JOB,
+)
+RESTORES = MetricSpec(
+    "checkpoint_restores_total",
+    "counter",
+    "Restores finished while the exporter ran, successful or not.",
+    _JOB,
+)
+RESTORE_FAILURES = MetricSpec(
+    "checkpoint_restore_failures_total",
+    "counter",
+    "Restores that failed while the exporter ran.",
+    _JOB,
 )
 
 # --- the daemon's own work ---------------------------------------------------------------------
@@ -245,6 +284,18 @@ WATCH_OVERFLOWS = MetricSpec(
     "counter",
     "inotify queue overflows; each one triggers a full reconcile.",
 )
+SPOOL_EVENTS = MetricSpec(
+    "checkpoint_exporter_spool_events_total",
+    "counter",
+    "Valid events read from the spool, by event.",
+    ("event",),
+)
+SPOOL_INVALID = MetricSpec(
+    "checkpoint_exporter_spool_invalid_lines_total",
+    "counter",
+    "Spool lines skipped, by reason: not_json, schema, unknown_event, too_long.",
+    ("reason",),
+)
 DISCOVER_EXCESS = MetricSpec(
     "checkpoint_exporter_discover_excess_jobs",
     "gauge",
@@ -274,15 +325,23 @@ ALL: tuple[MetricSpec, ...] = (
     DEADLINE_MISSES,
     SAVE_DURATION,
     LAST_SAVE_PHASE,
+    LAST_SAVE_WRITE_END,
+    LAST_SAVE_WRITE_SPREAD,
     RETAINED_GENERATIONS,
     RETAINED_BYTES,
     RETAINED_VALID_GENERATIONS,
     VALIDATION_FAILURES,
+    RESTORE_LAST_SUCCESS,
+    RESTORE_LAST_DURATION,
+    RESTORES,
+    RESTORE_FAILURES,
     WATCH_INFO,
     SCAN_DURATION,
     SCAN_OPERATIONS,
     SCAN_ERRORS,
     WATCH_OVERFLOWS,
+    SPOOL_EVENTS,
+    SPOOL_INVALID,
     DISCOVER_EXCESS,
 )
 

@@ -76,6 +76,13 @@ class JobState:
     deadline_misses: int = 0
     validation_failures: tuple[tuple[str, int], ...] = ()
     save_duration: tuple[tuple[str, HistogramState], ...] = ()  # (phase, histogram)
+    last_phases: tuple[tuple[str, float], ...] = ()  # the newest finished save's phases
+    last_write_end: float | None = None  # its last local write (this node's ranks)
+    last_write_spread: float | None = None  # its spread of write ends across local ranks
+    restores: int = 0
+    restore_failures: int = 0
+    restore_last_success: float | None = None
+    restore_last_duration: float | None = None
 
 
 @dataclass(frozen=True)
@@ -86,6 +93,8 @@ class DaemonState:
     metadata_operations: int = 0
     watch_overflows: int = 0
     scan_errors: int = 0
+    spool_events: tuple[tuple[str, int], ...] = ()  # (event, count)
+    spool_invalid: tuple[tuple[str, int], ...] = ()  # (reason, count)
     discover_excess: tuple[tuple[str, int], ...] = ()  # (root, subdirectories over max_jobs)
 
 

@@ -23,6 +23,7 @@ from checkpoint_exporter.config import Config, DiscoverConfig, Policy
 from checkpoint_exporter.layouts.base import Options
 from checkpoint_exporter.listing import Dir, OpsBudget, TreeReader
 from checkpoint_exporter.model import DURABLE, DaemonState, WatchedPath
+from checkpoint_exporter.spool import Event, SpoolReader
 from checkpoint_exporter.tracker import Histogram, JobTracker, Tracker, ValidationRequest, job_paths
 from checkpoint_exporter.validate import Limits, Verdict, validate
 from checkpoint_exporter.watch import INOTIFY, POLL, Watcher, choose_mode, mount_of, read_mounts
@@ -131,6 +132,7 @@ class Scanner:
             Limits(checksum_bytes_per_second=config.scan.checksum_bytes_per_second)
         )
         self.watcher = watcher_factory(self._changed, self._overflowed) if watcher_factory else None
+        self.spool = SpoolReader(config.spool, config.spool_retention)
         self._sources: dict[str, _Source] = {}
         self._discoveries = [_Discovery(entry) for entry in config.discover]
         for job in config.jobs:
@@ -281,6 +283,7 @@ class Scanner:
                 source.reconcile = True
         with self._lock:
             dirty, self._dirty = self._dirty, set()
+        self._read_spool()  # before the disk: a save's start is filed before its commit is seen
         for name, source in list(self._sources.items()):
             if self._due(source, name in dirty, now):
                 self._scan(source, now)
@@ -289,6 +292,15 @@ class Scanner:
         for job in self.tracker.jobs.values():
             job.tick(wall)
         self.tracker.publish(self._daemon_state())
+
+    def _read_spool(self) -> None:
+        by_job: dict[str, list[Event]] = {}
+        for event in self.spool.poll(self.clock()):
+            by_job.setdefault(event.training_job, []).append(event)
+        for name, events in by_job.items():
+            job = self.tracker.jobs.get(name)
+            if job is not None:
+                job.apply_events(events, self.clock())
 
     def _due(self, source: _Source, dirty: bool, now: float) -> bool:
         if dirty or source.reconcile:
@@ -348,6 +360,8 @@ class Scanner:
             metadata_operations=self._network_budget.total + self._local_budget.total,
             watch_overflows=self._overflows,
             scan_errors=self._scan_errors,
+            spool_events=tuple(sorted(self.spool.events_total.items())),
+            spool_invalid=tuple(sorted(self.spool.invalid_total.items())),
             discover_excess=tuple((str(d.entry.root), d.excess) for d in self._discoveries),
         )
 

@@ -12,15 +12,18 @@ from __future__ import annotations
 
 import bisect
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from checkpoint_exporter.clocks import Clocks, RestoreRun, SaveKey, Timeline, save_key
 from checkpoint_exporter.config import Config, JobConfig, Policy
 from checkpoint_exporter.layouts.base import Found
 from checkpoint_exporter.model import (
     ABORTED,
     COMMITTED,
     DURABLE,
+    PHASES,
     STAGING,
     WRITING,
     DaemonState,
@@ -30,10 +33,16 @@ from checkpoint_exporter.model import (
     Snapshot,
     WatchedPath,
 )
+from checkpoint_exporter.spool import Event
 from checkpoint_exporter.validate import Verdict
 
 # Save-duration buckets in seconds; each job adds its own deadline as a bucket boundary.
-DURATION_BUCKETS = (1, 2.5, 5, 10, 15, 30, 45, 60, 90, 120, 180, 300, 600, 900, 1800, 3600, 7200)
+DURATION_BUCKETS = (
+    0.1, 0.5, 1, 2.5, 5, 10, 15, 30, 45, 60, 90, 120, 180, 300, 600, 900, 1800, 3600, 7200,
+)  # fmt: skip
+# A save or restore whose ranks never all report is given up after this long.
+SAVE_TIMELINE_EXPIRY = 3600.0
+RESTORE_EXPIRY = 6 * 3600.0
 
 
 class Histogram:
@@ -108,12 +117,22 @@ class JobTracker:
     saves_aborted: int = 0
     deadline_misses: int = 0
     validation_failures: Counter[str] = field(default_factory=Counter)
-    total_duration: Histogram | None = None
+    durations: dict[str, Histogram] = field(default_factory=dict)
     just_committed: list[str] = field(default_factory=list)
+    clocks: Clocks = field(default_factory=Clocks)
+    last_phases: dict[str, float] = field(default_factory=dict)
+    last_write_end: float | None = None
+    last_write_spread: float | None = None
+    restores: int = 0
+    restore_failures: int = 0
+    restore_last_success: float | None = None
+    restore_last_duration: float | None = None
+    _accounted: OrderedDict[SaveKey, None] = field(default_factory=OrderedDict)
 
     def __post_init__(self) -> None:
         self.layout = self.layout or self.policy.layout
-        self.total_duration = Histogram((*DURATION_BUCKETS, self.policy.deadline))
+        bounds = (*DURATION_BUCKETS, self.policy.deadline)
+        self.durations = {phase: Histogram(bounds) for phase in PHASES}
 
     # --- scans ---------------------------------------------------------------------------
 
@@ -185,6 +204,7 @@ class JobTracker:
         for gen in self._gens.values():
             if gen.state == WRITING and now - gen.progress_at > self.policy.deadline:
                 self._abort(gen)
+        self._settle(now)
 
     def _counts(self, gen: _Gen) -> bool:
         # Save lifecycle counters follow the durable tier; the staging tier feeds drain metrics.
@@ -197,10 +217,84 @@ class JobTracker:
         self.saves_committed += 1
         commit = gen.found.commit_time or gen.found.last_write_time
         duration = max(0.0, commit - gen.start_time)  # skewed mtimes never go negative
-        assert self.total_duration is not None
-        self.total_duration.observe(duration)
-        if duration > self.policy.deadline:
+        key = self._save_key(gen)
+        if key in self._accounted:
+            return  # its events already told the whole story
+        timeline = self.clocks.saves.get(key) if key else None
+        if timeline is not None:
+            timeline.disk_total = duration  # wait for its ranks: they know the phases
+            return
+        self._account({"total": duration}, live=True, key=key)
+
+    def _save_key(self, gen: _Gen) -> SaveKey | None:
+        """The key under which this generation's spool events are filed."""
+        if gen.found.step is not None:
+            return save_key(gen.found.step, None)
+        path = self._path_of(gen)
+        for key, timeline in self.clocks.saves.items():
+            if timeline.matches_path(path):
+                return key
+        return save_key(None, path)
+
+    def _path_of(self, gen: _Gen) -> str:
+        root = next((p.path for p in self.paths if p.tier == gen.tier), "")
+        return f"{root.rstrip('/')}/{gen.found.id}"
+
+    def _account(
+        self, phases: dict[str, float], live: bool, key: SaveKey | None,
+        timeline: Timeline | None = None,
+    ) -> None:  # fmt: skip
+        """One finished save: its phases set the gauges and, if it ended while we ran, the
+        histograms and the deadline count."""
+        if key is not None:
+            self._accounted[key] = None
+            while len(self._accounted) > 256:
+                self._accounted.popitem(last=False)
+        self.last_phases = dict(phases)
+        if timeline is not None:
+            self.last_write_end = timeline.write_end()
+            self.last_write_spread = timeline.write_spread()
+        if not live:
+            return
+        for phase, seconds in phases.items():
+            self.durations[phase].observe(seconds)
+        if phases.get("total", 0.0) > self.policy.deadline:
             self.deadline_misses += 1
+
+    # --- spool events ------------------------------------------------------------------------
+
+    def apply_events(self, events: Iterable[Event], now: float) -> None:
+        self.clocks.add(events, now)
+        self._settle(now)
+
+    def _settle(self, now: float) -> None:
+        for key, timeline in list(self.clocks.saves.items()):
+            if timeline.finished(now):
+                del self.clocks.saves[key]
+                if timeline.committed:
+                    self._account(timeline.phases(), timeline.live, key, timeline)
+            elif now - timeline.first_seen > max(SAVE_TIMELINE_EXPIRY, 3 * self.policy.deadline):
+                del self.clocks.saves[key]  # some rank never reported: fall back to the disk
+                if timeline.disk_total is not None:
+                    self._account({"total": timeline.disk_total}, timeline.live, key)
+        for key, run in list(self.clocks.restores.items()):
+            if run.finished:
+                del self.clocks.restores[key]
+                self._restored(run)
+            elif now - run.first_seen > RESTORE_EXPIRY:
+                del self.clocks.restores[key]
+                run.errors.append("no result reported")
+                if run.live:
+                    self.restores += 1
+                    self.restore_failures += 1
+
+    def _restored(self, run: RestoreRun) -> None:
+        self.restore_last_duration = run.duration()
+        if run.succeeded:
+            self.restore_last_success = max(self.restore_last_success or 0.0, run.done_at())
+        if run.live:
+            self.restores += 1
+            self.restore_failures += 0 if run.succeeded else 1
 
     def _abort(self, gen: _Gen) -> None:
         gen.state = ABORTED
@@ -248,7 +342,6 @@ class JobTracker:
         return any(gen.state == WRITING for gen in self._gens.values())
 
     def state(self) -> JobState:
-        assert self.total_duration is not None
         return JobState(
             name=self.name,
             layout=self.layout,
@@ -262,7 +355,14 @@ class JobTracker:
             saves_aborted=self.saves_aborted,
             deadline_misses=self.deadline_misses,
             validation_failures=tuple(sorted(self.validation_failures.items())),
-            save_duration=(("total", self.total_duration.state()),),
+            save_duration=tuple((phase, self.durations[phase].state()) for phase in PHASES),
+            last_phases=tuple(sorted(self.last_phases.items())),
+            last_write_end=self.last_write_end,
+            last_write_spread=self.last_write_spread,
+            restores=self.restores,
+            restore_failures=self.restore_failures,
+            restore_last_success=self.restore_last_success,
+            restore_last_duration=self.restore_last_duration,
         )
 
 

@@ -33,6 +33,9 @@ def _rank_main(rank: int, args: argparse.Namespace, store: str) -> None:
     dist.init_process_group(
         "gloo", init_method=f"file://{store}", rank=rank, world_size=args.world_size
     )
+    if args.instrument:
+        _instrumented(rank, args, torch, dist)
+        return
     for index in range(args.steps):
         step = args.first_step + index * args.step_every
         mode = "async" if args.mode == "async" or (args.mode == "both" and index % 2) else "sync"
@@ -55,6 +58,39 @@ def _rank_main(rank: int, args: argparse.Namespace, store: str) -> None:
     dist.destroy_process_group()
 
 
+def _instrumented(rank: int, args: argparse.Namespace, torch, dist) -> None:  # type: ignore[no-untyped-def]
+    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+    from checkpoint_exporter import instrument
+
+    modes = ("save", "async", "staged")
+    for index in range(args.steps):
+        step = args.first_step + index * args.step_every
+        mode = modes[index % len(modes)]
+        state = {f"rank{rank}": {"w": torch.full((args.elements,), float(step))}, "step": step}
+        path = os.path.join(args.root, f"step-{step}")
+        kwargs = {"checkpoint_id": path, "training_job": args.instrument, "step": step}
+        if mode == "save":
+            instrument.save(state, **kwargs)
+        elif mode == "async":
+            instrument.async_save(state, **kwargs).result()
+        else:
+            options = StagingOptions(False, False, True, False)  # CPU: no pinned/shared memory
+            stager = DefaultStager(options)
+            response = instrument.async_save(state, async_stager=stager, **kwargs)
+            assert hasattr(response, "staging_completion"), type(response)
+            response.staging_completion.result()
+            response.upload_completion.result()
+            stager.close()
+        if rank == 0:
+            line = {"step": step, "path": path, "mode": mode, "returned": time.time()}
+            print(json.dumps(line), flush=True)
+        dist.barrier()
+        if index + 1 < args.steps:
+            time.sleep(args.interval)
+    dist.destroy_process_group()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("root")
@@ -65,6 +101,12 @@ def main() -> None:
     parser.add_argument("--interval", type=float, default=2.0)
     parser.add_argument("--elements", type=int, default=64 * 1024)
     parser.add_argument("--mode", choices=("sync", "async", "both"), default="both")
+    parser.add_argument(
+        "--instrument",
+        metavar="JOB",
+        help="save through checkpoint_exporter.instrument as training job JOB, cycling through "
+        "save, async_save and async_save with async staging (spool from the environment)",
+    )
     parser.add_argument("--hang-in-finish", type=int, default=-1)
     args = parser.parse_args()
     import torch.multiprocessing as mp

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from checkpoint_exporter.collectors.checkpoints import CheckpointsCollector
 from checkpoint_exporter.collectors.exporter import ExporterCollector
 from checkpoint_exporter.collectors.jobs import JobsCollector
+from checkpoint_exporter.collectors.restores import RestoresCollector
 from checkpoint_exporter.metrics import SnapshotCollector
 
 
@@ -28,6 +29,9 @@ REGISTRY: dict[str, CollectorEntry] = {
     ),
     CheckpointsCollector.name: CollectorEntry(
         CheckpointsCollector, True, "generations on disk: newest committed, in progress, counts"
+    ),
+    RestoresCollector.name: CollectorEntry(
+        RestoresCollector, True, "restores: drills and loads reported by training jobs"
     ),
     ExporterCollector.name: CollectorEntry(
         ExporterCollector, True, "the exporter's own scanning: durations, operations, errors"

@@ -35,7 +35,8 @@ class CheckpointsCollector(metrics.SnapshotCollector):
             metrics.LAST_COMMITTED_VALID, metrics.SAVES_IN_PROGRESS,
             metrics.OLDEST_SAVE_IN_PROGRESS_START, metrics.LAST_SAVE_START,
             metrics.SAVES_COMMITTED, metrics.SAVES_ABORTED, metrics.DEADLINE_MISSES,
-            metrics.SAVE_DURATION, metrics.LAST_SAVE_PHASE, metrics.RETAINED_GENERATIONS,
+            metrics.SAVE_DURATION, metrics.LAST_SAVE_PHASE, metrics.LAST_SAVE_WRITE_END,
+            metrics.LAST_SAVE_WRITE_SPREAD, metrics.RETAINED_GENERATIONS,
             metrics.RETAINED_BYTES, metrics.RETAINED_VALID_GENERATIONS,
             metrics.VALIDATION_FAILURES,
         )  # fmt: skip
@@ -57,10 +58,15 @@ class CheckpointsCollector(metrics.SnapshotCollector):
             out[metrics.LAST_COMMITTED_FILES].add_metric(name, newest.files)
             if newest.valid is not None:
                 out[metrics.LAST_COMMITTED_VALID].add_metric(name, 1 if newest.valid else 0)
-            if newest.commit_time is not None:
-                out[metrics.LAST_SAVE_PHASE].add_metric(
-                    [job.name, "total"], max(0.0, newest.commit_time - newest.start_time)
-                )
+        phases = dict(job.last_phases)
+        if not phases and newest is not None and newest.commit_time is not None:
+            phases = {"total": max(0.0, newest.commit_time - newest.start_time)}  # disk only
+        for phase, seconds in sorted(phases.items()):
+            out[metrics.LAST_SAVE_PHASE].add_metric([job.name, phase], seconds)
+        if job.last_write_end is not None:
+            out[metrics.LAST_SAVE_WRITE_END].add_metric(name, job.last_write_end)
+        if job.last_write_spread is not None:
+            out[metrics.LAST_SAVE_WRITE_SPREAD].add_metric(name, job.last_write_spread)
         writing = [gen for gen in durable if gen.state == WRITING]
         out[metrics.SAVES_IN_PROGRESS].add_metric(name, len(writing))
         out[metrics.OLDEST_SAVE_IN_PROGRESS_START].add_metric(

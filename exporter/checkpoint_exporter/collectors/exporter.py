@@ -24,6 +24,13 @@ class ExporterCollector(metrics.SnapshotCollector):
             scans = metrics.SCAN_DURATION.family()
             metrics.add_histogram(scans, [], daemon.scans)
             out.append(scans)
+        events = metrics.SPOOL_EVENTS.family()
+        for event, count in daemon.spool_events:
+            events.add_metric([event], count)
+        invalid = metrics.SPOOL_INVALID.family()
+        for reason, count in daemon.spool_invalid:
+            invalid.add_metric([reason], count)
+        out += [events, invalid]
         excess = metrics.DISCOVER_EXCESS.family()
         for root, count in daemon.discover_excess:
             excess.add_metric([root], count)

@@ -1,0 +1,140 @@
+"""The four clocks from spool events, joined to the generations found on disk."""
+
+from __future__ import annotations
+
+from checkpoint_exporter.clocks import phases_of
+from checkpoint_exporter.config import Policy
+from checkpoint_exporter.layouts.base import Found
+from checkpoint_exporter.model import COMMITTED, DURABLE, WRITING, WatchedPath
+from checkpoint_exporter.spool import Event
+from checkpoint_exporter.tracker import JobTracker
+
+T = 1_800_000_000.0
+
+
+def ev(event: str, ts: float, step: int | None = 10, rank: int = 0, **kw) -> Event:
+    return Event(
+        ts, event, "j", step, rank, kw.pop("world_size", 2), kw.pop("host", "n1"),
+        kw.pop("path", None), None, kw.pop("error", None), kw.pop("history", False),
+    )  # fmt: skip
+
+
+def feed(tracker: JobTracker, events: list[Event], now: float, settle: bool = True) -> None:
+    """Apply events, then let the spool settle (no rank heard from for a moment)."""
+    tracker.apply_events(events, now)
+    if settle:
+        tracker.tick(now + 1)
+
+
+def save(rank: int, start: float, resume: float, staged: float, written: float, committed: float,
+         step: int = 10) -> list[Event]:  # fmt: skip
+    return [ev("save_start", start, step, rank), ev("resume", resume, step, rank),
+            ev("staged", staged, step, rank), ev("written", written, step, rank),
+            ev("committed", committed, step, rank)]  # fmt: skip
+
+
+def job(deadline: float = 60) -> JobTracker:
+    tracker = JobTracker("j", (WatchedPath(DURABLE, "/ckpt/j"),), Policy(deadline=deadline))
+    tracker.observe(DURABLE, [], T)  # history scanned: nothing on disk yet
+    return tracker
+
+
+def hist(tracker: JobTracker, phase: str):
+    return dict(tracker.state().save_duration)[phase]
+
+
+def test_phases_of_one_rank() -> None:
+    events = {"save_start": 0.0, "resume": 2.0, "staged": 3.0, "written": 10.0, "committed": 11.5}
+    assert phases_of(events) == {
+        "pause": 2.0, "staging": 3.0, "write": 7.0, "commit": 1.5, "total": 11.5,
+    }  # fmt: skip
+    assert phases_of({"save_start": 5.0, "committed": 4.0}) == {"total": 0.0}  # never negative
+
+
+def test_each_phase_is_the_slowest_local_rank() -> None:
+    tracker = job(deadline=20)
+    feed(tracker, save(0, T, T + 1, T + 2, T + 9, T + 10), T + 10, settle=False)
+    assert tracker.state().last_phases == ()  # rank 1's start may still be unread
+    feed(tracker, save(1, T, T + 3, T + 4, T + 15, T + 16), T + 16)
+    state = tracker.state()
+    assert dict(state.last_phases) == {
+        "pause": 3.0, "staging": 4.0, "write": 11.0, "commit": 1.0, "total": 16.0,
+    }  # fmt: skip
+    assert state.last_write_end == T + 15 and state.last_write_spread == 6.0
+    assert all(
+        hist(tracker, phase).count == 1
+        for phase in ("pause", "staging", "write", "commit", "total")
+    )
+    assert state.deadline_misses == 0
+
+
+def test_disk_commit_and_events_count_the_save_once() -> None:
+    tracker = job(deadline=5)
+    feed(tracker, [ev("save_start", T), ev("resume", T + 1)], T + 1)
+    gen = Found("step-10", 10, WRITING, T, T + 2, None, 10, 1)
+    tracker.observe(DURABLE, [gen], T + 2)
+    committed = Found("step-10", 10, COMMITTED, T, T + 8, T + 8, 10, 1)
+    tracker.observe(DURABLE, [committed], T + 8)  # the disk sees the commit first
+    assert hist(tracker, "total").count == 0  # waiting for the ranks' own account
+    feed(tracker, [ev("staged", T + 2), ev("written", T + 7), ev("committed", T + 8)], T + 9)
+    assert hist(tracker, "total").count == 1 and hist(tracker, "pause").count == 1
+    assert tracker.state().deadline_misses == 1 and tracker.state().saves_committed == 1
+
+
+def test_events_first_then_disk_does_not_count_twice() -> None:
+    tracker = job()
+    feed(tracker, save(0, T, T + 1, T + 1, T + 4, T + 5, step=20), T + 5)
+    tracker.observe(DURABLE, [Found("step-20", 20, COMMITTED, T, T + 5, T + 5, 10, 1)], T + 6)
+    assert hist(tracker, "total").count == 1
+
+
+def test_an_uninstrumented_save_is_timed_from_disk() -> None:
+    tracker = job()
+    tracker.observe(DURABLE, [Found("step-30", 30, COMMITTED, T, T + 3, T + 3, 10, 1)], T + 4)
+    assert hist(tracker, "total").count == 1 and dict(tracker.state().last_phases) == {"total": 3.0}
+
+
+def test_an_object_store_save_gets_phases_from_events_alone() -> None:
+    tracker = job(deadline=10)
+    feed(tracker, save(0, T, T + 1, T + 2, T + 20, T + 21, step=40), T + 21)
+    assert hist(tracker, "write").sum == 18 and tracker.state().deadline_misses == 1
+    assert tracker.state().saves_committed == 0  # nothing on disk to count
+
+
+def test_path_keyed_events_join_the_generation_by_path() -> None:
+    tracker = job()
+    feed(tracker, [ev("save_start", T, step=None, path="ckpt/j/epoch=1.ckpt")], T)
+    tracker.observe(DURABLE, [Found("epoch=1.ckpt", None, COMMITTED, T, T + 2, T + 2, 1, 1)], T + 2)
+    assert hist(tracker, "total").count == 0  # joined: waiting for the events
+    feed(tracker, [ev("committed", T + 2, step=None, path="ckpt/j/epoch=1.ckpt")], T + 3)
+    assert hist(tracker, "total").count == 1
+
+
+def test_history_events_set_gauges_only() -> None:
+    tracker = job()
+    old = [
+        ev(e.event, e.ts, e.step, e.rank, history=True)
+        for e in save(0, T - 100, T - 99, T - 98, T - 90, T - 89)
+    ]
+    feed(tracker, old, T)
+    assert dict(tracker.state().last_phases)["total"] == 11.0
+    assert hist(tracker, "total").count == 0
+
+
+def test_restores_from_jobs_and_drills() -> None:
+    tracker = job()
+    feed(tracker, [ev("restore_start", T, rank=0), ev("restore_start", T, rank=1)], T)
+    feed(tracker, [ev("restore_done", T + 30, rank=0)], T + 30)
+    assert tracker.state().restores == 0  # rank 1 still loading
+    feed(tracker, [ev("restore_done", T + 42, rank=1)], T + 42)
+    state = tracker.state()
+    assert (state.restores, state.restore_failures) == (1, 0)
+    assert (state.restore_last_success, state.restore_last_duration) == (T + 42, 42.0)
+    feed(tracker,
+        [ev("restore_start", T + 100, host="drill"),
+         ev("restore_failed", T + 103, host="drill", error="truncated_shard")],
+        T + 103,
+    )  # fmt: skip
+    state = tracker.state()
+    assert (state.restores, state.restore_failures) == (2, 1)
+    assert state.restore_last_success == T + 42 and state.restore_last_duration == 3.0
