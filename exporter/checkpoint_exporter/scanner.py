@@ -218,9 +218,9 @@ class Scanner:
         self._sources[name] = source
         if name not in self.tracker.jobs:
             self.tracker.add(JobTracker(name, paths, policy))
-        self.tracker.jobs[name].paths = tuple(
-            WatchedPath(tier.tier, tier.path, tier.mode) for tier in tiers
-        )
+        job = self.tracker.jobs[name]
+        job.paths = tuple(WatchedPath(tier.tier, tier.path, tier.mode) for tier in tiers)
+        job.changed()
 
     def _remove(self, name: str) -> None:
         self._sources.pop(name, None)
@@ -341,6 +341,7 @@ class Scanner:
         if tier.tier == DURABLE and name != job.layout and not source.fixed_layout:
             log.info("job=%s: layout detected as %s", source.name, name)
             job.layout = name
+            job.changed()
         options = Options(verify_checksums=source.policy.verify_checksums)
         return layouts.REGISTRY[name].parse(tree, options)
 

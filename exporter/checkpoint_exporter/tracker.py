@@ -128,6 +128,10 @@ class JobTracker:
     restore_last_success: float | None = None
     restore_last_duration: float | None = None
     _accounted: OrderedDict[SaveKey, None] = field(default_factory=OrderedDict)
+    # An idle job costs nothing per pass: its state is rebuilt only after something changed,
+    # and the abort timer only runs while a save is being written.
+    _cached: JobState | None = None
+    _writing: bool = False
 
     def __post_init__(self) -> None:
         self.layout = self.layout or self.policy.layout
@@ -144,6 +148,7 @@ class JobTracker:
         """
         first = tier not in self._scanned
         self.just_committed = []
+        self._cached = None
         self._scanned.add(tier)
         seen = set()
         requests = []
@@ -161,6 +166,7 @@ class JobTracker:
                 requests.append(ValidationRequest(self.name, tier, item.id, gen.signature, item))
         for key in [k for k in self._gens if k[0] == tier and k not in seen]:
             del self._gens[key]  # deleted (retention) or renamed away
+        self._writing = any(gen.state == WRITING for gen in self._gens.values())
         # Newest first, so the generation a restore would pick is judged first.
         requests.sort(key=lambda r: r.found.commit_time or 0.0, reverse=True)
         return requests
@@ -201,10 +207,14 @@ class JobTracker:
 
     def tick(self, now: float) -> None:
         """Abort saves that made no progress for the deadline (measured on the local clock)."""
-        for gen in self._gens.values():
-            if gen.state == WRITING and now - gen.progress_at > self.policy.deadline:
-                self._abort(gen)
-        self._settle(now)
+        if self._writing:
+            for gen in self._gens.values():
+                if gen.state == WRITING and now - gen.progress_at > self.policy.deadline:
+                    self._abort(gen)
+                    self._cached = None
+            self._writing = any(gen.state == WRITING for gen in self._gens.values())
+        if self.clocks.saves or self.clocks.restores:
+            self._settle(now)
 
     def _counts(self, gen: _Gen) -> bool:
         # Save lifecycle counters follow the durable tier; the staging tier feeds drain metrics.
@@ -267,7 +277,12 @@ class JobTracker:
         self.clocks.add(events, now)
         self._settle(now)
 
+    def changed(self) -> None:
+        """Something the state shows (layout, watch mode) was set from outside."""
+        self._cached = None
+
     def _settle(self, now: float) -> None:
+        self._cached = None
         for key, timeline in list(self.clocks.saves.items()):
             if timeline.finished(now):
                 del self.clocks.saves[key]
@@ -318,6 +333,7 @@ class JobTracker:
             gen.pending = request.signature
 
     def apply_verdict(self, request: ValidationRequest, verdict: Verdict) -> None:
+        self._cached = None
         gen = self._gens.get((request.tier, request.generation))
         if gen is None or gen.signature != request.signature:
             return  # gone, or changed since: a fresh request is already on its way
@@ -339,9 +355,14 @@ class JobTracker:
         ]
 
     def has_saves_in_progress(self) -> bool:
-        return any(gen.state == WRITING for gen in self._gens.values())
+        return self._writing
 
     def state(self) -> JobState:
+        if self._cached is None:
+            self._cached = self._build_state()
+        return self._cached
+
+    def _build_state(self) -> JobState:
         return JobState(
             name=self.name,
             layout=self.layout,
