@@ -81,3 +81,26 @@ def test_scrape_does_no_io(tmp_path: Path) -> None:
     after = render(enabled_collectors({}), snapshot)
     strip = re.compile(r"^checkpoint_exporter_scrape_collector_duration_seconds.*$", re.M)
     assert strip.sub("", before) == strip.sub("", after)
+
+
+def test_an_unchanged_snapshot_is_rendered_once(tmp_path: Path) -> None:
+    from prometheus_client.exposition import generate_latest
+
+    from checkpoint_exporter.config import WebConfig
+    from checkpoint_exporter.model import DURABLE
+    from checkpoint_exporter.server import MetricsServer
+
+    (tmp_path / "a").mkdir()
+    tracker = Tracker(parse_config("jobs: [{name: a, path: a}]\n", "t.yaml", tmp_path))
+    first = tracker.publish()
+    assert tracker.publish() is first  # nothing changed: the same snapshot
+    registry = metrics.build_registry(lambda: tracker.snapshot, enabled_collectors({}))
+    server = MetricsServer(WebConfig("127.0.0.1:0"), registry, lambda: tracker.snapshot)
+    try:
+        body = server.render(generate_latest, "text/plain")
+        assert server.render(generate_latest, "text/plain") is body
+        tracker.jobs["a"].observe(DURABLE, [], 0.0)  # a scan: the job's state is rebuilt
+        assert tracker.publish() is not first
+        assert server.render(generate_latest, "text/plain") is not body
+    finally:
+        server.stop()

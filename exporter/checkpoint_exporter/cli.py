@@ -242,7 +242,9 @@ def _serve(args: argparse.Namespace) -> int:
 
     registry = build_registry(snapshot, enabled_collectors(choices), args.runtime_metrics)
     try:
-        server = MetricsServer(config.web, registry, snapshot)
+        server = MetricsServer(
+            config.web, registry, snapshot, cache_renders=not args.runtime_metrics
+        )
     except OSError as error:
         log.error("cannot listen on %s: %s", config.web.listen_address, error.strerror or error)
         return EXIT_FAILURE

@@ -88,9 +88,17 @@ class MetricsServer:
     """Serves ``registry`` and a landing page built from the current snapshot."""
 
     def __init__(
-        self, web: WebConfig, registry: CollectorRegistry, snapshot: Callable[[], Snapshot]
+        self,
+        web: WebConfig,
+        registry: CollectorRegistry,
+        snapshot: Callable[[], Snapshot],
+        cache_renders: bool = True,
     ) -> None:
         self.web = web
+        # The exposition of an immutable snapshot never changes: render it once per snapshot
+        # and format. Off when live process metrics are exported alongside.
+        self.cache_renders = cache_renders
+        self._rendered: tuple[Snapshot, str, bytes] | None = None
         address = parse_listen_address(web.listen_address)
         handler = type("_BoundHandler", (_Handler,), {"exporter": self})
         self._httpd = _bind(address.host, address.port, handler)
@@ -109,6 +117,17 @@ class MetricsServer:
         if address.host in ("::", "0.0.0.0"):
             address = ListenAddress("localhost", address.port)
         return f"http://{address}{self.web.telemetry_path}"
+
+    def render(self, encoder: Callable[[CollectorRegistry], bytes], content_type: str) -> bytes:
+        if not self.cache_renders:
+            return encoder(self.registry)
+        snapshot = self.snapshot()
+        cached = self._rendered
+        if cached is not None and cached[0] is snapshot and cached[1] == content_type:
+            return cached[2]
+        body = encoder(self.registry)
+        self._rendered = (snapshot, content_type, body)
+        return body
 
     def start(self) -> None:
         self._thread = threading.Thread(
@@ -158,7 +177,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _metrics(self) -> None:
         encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
         try:
-            body = encoder(self.exporter.registry)
+            body = self.exporter.render(encoder, content_type)
         except Exception:
             log.exception("rendering metrics failed")
             self._send(500, "text/plain; charset=utf-8", b"error rendering metrics\n")

@@ -36,10 +36,9 @@ from checkpoint_exporter.model import (
 from checkpoint_exporter.spool import Event
 from checkpoint_exporter.validate import Verdict
 
-# Save-duration buckets in seconds; each job adds its own deadline as a bucket boundary.
-DURATION_BUCKETS = (
-    0.1, 0.5, 1, 2.5, 5, 10, 15, 30, 45, 60, 90, 120, 180, 300, 600, 900, 1800, 3600, 7200,
-)  # fmt: skip
+# Save-duration buckets in seconds, few because every job and phase multiplies them; each job
+# adds its own deadline, the boundary its SLO counts against.
+DURATION_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600)
 # A save or restore whose ranks never all report is given up after this long.
 SAVE_TIMELINE_EXPIRY = 3600.0
 RESTORE_EXPIRY = 6 * 3600.0
@@ -54,6 +53,10 @@ class Histogram:
     def observe(self, value: float) -> None:
         self.counts[bisect.bisect_left(self.bounds, value)] += 1
         self.sum += value
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
 
     def state(self) -> HistogramState:
         return HistogramState(self.bounds, tuple(self.counts), self.sum)
@@ -376,7 +379,12 @@ class JobTracker:
             saves_aborted=self.saves_aborted,
             deadline_misses=self.deadline_misses,
             validation_failures=tuple(sorted(self.validation_failures.items())),
-            save_duration=tuple((phase, self.durations[phase].state()) for phase in PHASES),
+            # An uninstrumented job has only the disk's total: its empty phases stay unexported.
+            save_duration=tuple(
+                (phase, self.durations[phase].state())
+                for phase in PHASES
+                if phase == "total" or self.durations[phase].count
+            ),
             last_phases=tuple(sorted(self.last_phases.items())),
             last_write_end=self.last_write_end,
             last_write_spread=self.last_write_spread,
@@ -411,11 +419,17 @@ class Tracker:
         self.jobs.pop(name, None)
 
     def publish(self, daemon: DaemonState | None = None) -> Snapshot:
+        """Swap in a new snapshot, or keep the current one when nothing changed (so a scrape
+        can reuse what it rendered for it)."""
         if daemon is not None:
             self.daemon = daemon
-        self.snapshot = Snapshot(
-            taken_at=time.time(),
-            jobs=tuple(job.state() for job in self.jobs.values()),
-            daemon=self.daemon,
+        jobs = tuple(job.state() for job in self.jobs.values())
+        current = self.snapshot
+        unchanged = (
+            len(jobs) == len(current.jobs)
+            and all(new is old for new, old in zip(jobs, current.jobs, strict=True))
+            and self.daemon == current.daemon
         )
+        if not unchanged:
+            self.snapshot = Snapshot(taken_at=time.time(), jobs=jobs, daemon=self.daemon)
         return self.snapshot
