@@ -211,6 +211,7 @@ def _serve(args: argparse.Namespace) -> int:
     from checkpoint_exporter.metrics import build_registry
     from checkpoint_exporter.scanner import Scanner
     from checkpoint_exporter.server import MetricsServer
+    from checkpoint_exporter.telemetry.node import NodeTelemetry
     from checkpoint_exporter.tracker import Tracker
 
     try:
@@ -234,7 +235,9 @@ def _serve(args: argparse.Namespace) -> int:
         if getattr(args, f"collector_{name}") is not None
     }
     tracker = Tracker(config)
-    scanner = Scanner(config, tracker)
+    telemetry = NodeTelemetry(config)
+    scanner = Scanner(config, tracker, telemetry=telemetry)
+    telemetry.start()
     scanner.step()  # the first scan: history sets the gauges before the first scrape
 
     def snapshot() -> Any:
@@ -262,6 +265,7 @@ def _serve(args: argparse.Namespace) -> int:
     log.info("stopping on %s", signal.Signals(received).name)
     server.stop()
     scanner.stop()
+    telemetry.stop()
     return EXIT_OK
 
 

@@ -86,6 +86,12 @@ class Timeline:
         ends = [end for end in ends if end is not None]
         return max(ends) if ends else None
 
+    def window(self) -> tuple[float, float] | None:
+        """(first rank's start, last rank's commit): the save's span on this node."""
+        starts = [e["save_start"] for e in self.ranks.values() if "save_start" in e]
+        ends = [e["committed"] for e in self.ranks.values() if "committed" in e]
+        return (min(starts), max(ends)) if starts and ends else None
+
     def write_spread(self) -> float | None:
         ends = [e["written"] for e in self.ranks.values() if "written" in e]
         return max(ends) - min(ends) if len(ends) > 1 else None

@@ -111,6 +111,7 @@ class TelemetryConfig:
     network_devices: str = "^(eth|en|ib|mlx|bond)"
     infiniband: bool = True
     gpu: str = "auto"
+    retention: float = 3600.0  # how far back samples are kept: the longest save to correlate
 
 
 @dataclass(frozen=True)
@@ -541,6 +542,7 @@ def _parse(data: object, checker: _Checker) -> Config:
                 "network_devices": _regex,
                 "infiniband": _boolean,
                 "gpu": _choice(GPU_MODES),
+                "retention": _positive_duration,
             },
         )
     )
@@ -713,6 +715,7 @@ def config_to_dict(config: Config) -> dict[str, Any]:
             "network_devices": config.telemetry.network_devices,
             "infiniband": config.telemetry.infiniband,
             "gpu": config.telemetry.gpu,
+            "retention": format_duration(config.telemetry.retention),
         },
         "scan": {
             "metadata_ops_per_second": config.scan.metadata_ops_per_second,

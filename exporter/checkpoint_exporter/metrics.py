@@ -229,6 +229,103 @@ VALIDATION_FAILURES = MetricSpec(
     ("training_job", "reason"),
 )
 
+# --- what this node did during the newest save's window ---------------------------------------
+
+LAST_SAVE_NETWORK_TRANSMIT = MetricSpec(
+    "checkpoint_last_save_network_transmit_bytes",
+    "gauge",
+    "Bytes sent on the selected NICs and InfiniBand ports during the newest save, this node.",
+    _JOB,
+)
+LAST_SAVE_NETWORK_PEAK = MetricSpec(
+    "checkpoint_last_save_network_peak_utilization_ratio",
+    "gauge",
+    "Highest transmit utilisation of any selected link during the newest save, this node.",
+    _JOB,
+)
+LAST_SAVE_DISK_WRITTEN = MetricSpec(
+    "checkpoint_last_save_disk_written_bytes",
+    "gauge",
+    "Bytes written to the block devices behind the job's paths during the newest save.",
+    _JOB,
+)
+LAST_SAVE_GPU_UTILIZATION = MetricSpec(
+    "checkpoint_last_save_gpu_utilization_ratio",
+    "gauge",
+    "Mean GPU utilisation of this node during the newest save.",
+    _JOB,
+)
+LAST_SAVE_GPU_BASELINE = MetricSpec(
+    "checkpoint_last_save_gpu_baseline_utilization_ratio",
+    "gauge",
+    "Mean GPU utilisation of this node in an equal window just before the newest save.",
+    _JOB,
+)
+
+# --- capacity ------------------------------------------------------------------------------
+
+_FS = ("mountpoint", "device", "fstype")
+FILESYSTEM_SIZE = MetricSpec(
+    "checkpoint_filesystem_size_bytes", "gauge", "Size of a filesystem behind a watched path.", _FS
+)
+FILESYSTEM_AVAIL = MetricSpec(
+    "checkpoint_filesystem_avail_bytes",
+    "gauge",
+    "Bytes available to non-root users on a filesystem behind a watched path.",
+    _FS,
+)
+FILESYSTEM_RESERVE = MetricSpec(
+    "checkpoint_filesystem_reserve_ratio",
+    "gauge",
+    "Share of the filesystem to keep free: the largest capacity_reserve of the jobs on it.",
+    _FS,
+)
+JOB_FILESYSTEM_INFO = MetricSpec(
+    "checkpoint_job_filesystem_info",
+    "gauge",
+    "Which filesystem each job's tier lives on.",
+    ("training_job", "tier", "mountpoint"),
+)
+
+# --- drain (staging tier -> durable tier) -------------------------------------------------------
+
+DRAIN_BACKLOG_BYTES = MetricSpec(
+    "checkpoint_drain_backlog_bytes",
+    "gauge",
+    "Bytes committed on the staging tier and not yet committed on the durable tier.",
+    _JOB,
+)
+DRAIN_BACKLOG_GENERATIONS = MetricSpec(
+    "checkpoint_drain_backlog_generations",
+    "gauge",
+    "Generations committed on the staging tier and not yet committed on the durable tier.",
+    _JOB,
+)
+OLDEST_UNDRAINED_COMMIT = MetricSpec(
+    "checkpoint_oldest_undrained_commit_timestamp_seconds",
+    "gauge",
+    "Staging commit time of the oldest generation not yet drained; 0 when none waits.",
+    _JOB,
+)
+STAGED_BYTES = MetricSpec(
+    "checkpoint_staged_bytes_total",
+    "counter",
+    "Bytes committed on the staging tier (arrival rate).",
+    _JOB,
+)
+DRAINED_BYTES = MetricSpec(
+    "checkpoint_drained_bytes_total",
+    "counter",
+    "Bytes of staged generations committed on the durable tier (drain rate).",
+    _JOB,
+)
+DRAIN_LOST = MetricSpec(
+    "checkpoint_drain_lost_generations_total",
+    "counter",
+    "Staged generations deleted before their durable copy committed.",
+    _JOB,
+)
+
 # --- restores --------------------------------------------------------------------------------
 
 RESTORE_LAST_SUCCESS = MetricSpec(
@@ -331,6 +428,21 @@ ALL: tuple[MetricSpec, ...] = (
     RETAINED_BYTES,
     RETAINED_VALID_GENERATIONS,
     VALIDATION_FAILURES,
+    LAST_SAVE_NETWORK_TRANSMIT,
+    LAST_SAVE_NETWORK_PEAK,
+    LAST_SAVE_DISK_WRITTEN,
+    LAST_SAVE_GPU_UTILIZATION,
+    LAST_SAVE_GPU_BASELINE,
+    FILESYSTEM_SIZE,
+    FILESYSTEM_AVAIL,
+    FILESYSTEM_RESERVE,
+    JOB_FILESYSTEM_INFO,
+    DRAIN_BACKLOG_BYTES,
+    DRAIN_BACKLOG_GENERATIONS,
+    OLDEST_UNDRAINED_COMMIT,
+    STAGED_BYTES,
+    DRAINED_BYTES,
+    DRAIN_LOST,
     RESTORE_LAST_SUCCESS,
     RESTORE_LAST_DURATION,
     RESTORES,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from checkpoint_exporter.correlate import WindowTelemetry
+
 DURABLE = "durable"  # where committed generations must end up
 STAGING = "staging"  # a fast tier that must drain to the durable one
 
@@ -21,6 +23,7 @@ class WatchedPath:
     tier: str
     path: str
     mode: str = ""  # how it is watched: inotify or poll ("" until decided)
+    mountpoint: str = ""  # the filesystem it lives on
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,13 @@ class JobState:
     restore_failures: int = 0
     restore_last_success: float | None = None
     restore_last_duration: float | None = None
+    window: WindowTelemetry | None = None  # what this node did during the newest save
+    drain_backlog_bytes: int = 0
+    drain_backlog_generations: int = 0
+    oldest_undrained_commit: float = 0.0
+    staged_bytes: int = 0
+    drained_bytes: int = 0
+    lost_generations: int = 0
 
 
 @dataclass(frozen=True)
@@ -99,9 +109,21 @@ class DaemonState:
 
 
 @dataclass(frozen=True)
+class FilesystemState:
+    mountpoint: str
+    device: str
+    fstype: str
+    size_bytes: int
+    avail_bytes: int
+    reserve_ratio: float  # the largest capacity_reserve among the jobs on it
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """Everything a scrape renders. Built off the scrape path; read without locks or I/O."""
 
     taken_at: float
     jobs: tuple[JobState, ...] = ()
     daemon: DaemonState = field(default_factory=DaemonState)
+    filesystems: tuple[FilesystemState, ...] = ()
+    telemetry: tuple[tuple[str, bool], ...] = ()  # (source, has data)

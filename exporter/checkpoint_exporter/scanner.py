@@ -24,6 +24,7 @@ from checkpoint_exporter.layouts.base import Options
 from checkpoint_exporter.listing import Dir, OpsBudget, TreeReader
 from checkpoint_exporter.model import DURABLE, DaemonState, WatchedPath
 from checkpoint_exporter.spool import Event, SpoolReader
+from checkpoint_exporter.telemetry.node import NodeTelemetry
 from checkpoint_exporter.tracker import Histogram, JobTracker, Tracker, ValidationRequest, job_paths
 from checkpoint_exporter.validate import Limits, Verdict, validate
 from checkpoint_exporter.watch import INOTIFY, POLL, Watcher, choose_mode, mount_of, read_mounts
@@ -41,6 +42,8 @@ class _Tier:
     reader: TreeReader
     mode: str
     reason: str
+    mountpoint: str = ""
+    disk: str | None = None  # the block device whose writes count for this path
 
 
 @dataclass
@@ -112,8 +115,10 @@ class Scanner:
         tracker: Tracker,
         watcher_factory: Callable[..., Watcher] | None = Watcher,
         clock: Callable[[], float] = time.time,
+        telemetry: NodeTelemetry | None = None,
     ) -> None:
         self.config = config
+        self.telemetry = telemetry
         self.tracker = tracker
         self.clock = clock
         self._mounts = read_mounts(config.paths.procfs)
@@ -210,7 +215,13 @@ class Scanner:
                 if failure is not None:
                     mode, reason = POLL, failure
                     log.warning("job=%s path=%s: %s; polling instead", name, watched.path, failure)
-            tiers.append(_Tier(watched.tier, watched.path, reader, mode, reason))
+            tier = _Tier(watched.tier, watched.path, reader, mode, reason)
+            if mount is not None:
+                tier.mountpoint = mount.mountpoint
+            if self.telemetry is not None:
+                placement = self.telemetry.place(watched.path, mount)
+                tier.disk = placement.block_device.name if placement.block_device else None
+            tiers.append(tier)
             log.info("watching job=%s tier=%s path=%s mode=%s (%s)",
                      name, watched.tier, watched.path, mode, reason)  # fmt: skip
         fixed = None if policy.layout == "auto" else policy.layout
@@ -219,7 +230,9 @@ class Scanner:
         if name not in self.tracker.jobs:
             self.tracker.add(JobTracker(name, paths, policy))
         job = self.tracker.jobs[name]
-        job.paths = tuple(WatchedPath(tier.tier, tier.path, tier.mode) for tier in tiers)
+        job.paths = tuple(
+            WatchedPath(tier.tier, tier.path, tier.mode, tier.mountpoint) for tier in tiers
+        )
         job.changed()
 
     def _remove(self, name: str) -> None:
@@ -291,7 +304,42 @@ class Scanner:
         wall = self.clock()
         for job in self.tracker.jobs.values():
             job.tick(wall)
-        self.tracker.publish(self._daemon_state())
+        if self.telemetry is None:
+            self.tracker.publish(self._daemon_state())
+            return
+        self._correlate(wall)
+        self.tracker.publish(
+            self._daemon_state(),
+            self.telemetry.filesystems(self._reserves()),
+            self.telemetry.available(),
+        )
+
+    def _correlate(self, wall: float) -> None:
+        """Attach to each job's newest finished save what this node's devices did during it,
+        once the samples after its end are in."""
+        assert self.telemetry is not None
+        settle = 1.5 * self.config.telemetry.sample_interval
+        for name, source in self._sources.items():
+            job = self.tracker.jobs.get(name)
+            if job is None or job.last_window is None:
+                continue
+            start, end = job.last_window
+            done = job.window_telemetry
+            if (done is not None and (done.start, done.end) == (start, end)) or wall < end + settle:
+                continue
+            disks = {tier.disk for tier in source.tiers if tier.disk}
+            job.set_window_telemetry(self.telemetry.correlate(start, end, disks))
+
+    def _reserves(self) -> dict[str, float]:
+        reserves: dict[str, float] = {}
+        for source in self._sources.values():
+            for tier in source.tiers:
+                if tier.mountpoint:
+                    reserve = max(
+                        reserves.get(tier.mountpoint, 0.0), source.policy.capacity_reserve
+                    )
+                    reserves[tier.mountpoint] = reserve
+        return reserves
 
     def _read_spool(self) -> None:
         by_job: dict[str, list[Event]] = {}

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 
 from checkpoint_exporter.clocks import Clocks, RestoreRun, SaveKey, Timeline, save_key
 from checkpoint_exporter.config import Config, JobConfig, Policy
+from checkpoint_exporter.correlate import WindowTelemetry
+from checkpoint_exporter.drain import DrainState, drain_state
 from checkpoint_exporter.layouts.base import Found
 from checkpoint_exporter.model import (
     ABORTED,
@@ -27,6 +29,7 @@ from checkpoint_exporter.model import (
     STAGING,
     WRITING,
     DaemonState,
+    FilesystemState,
     Generation,
     HistogramState,
     JobState,
@@ -135,6 +138,14 @@ class JobTracker:
     # and the abort timer only runs while a save is being written.
     _cached: JobState | None = None
     _writing: bool = False
+    last_window: tuple[float, float] | None = None  # the newest finished save: start, commit
+    window_telemetry: WindowTelemetry | None = None
+    drain: DrainState = field(default_factory=DrainState)
+    staged_bytes: int = 0
+    drained_bytes: int = 0
+    lost_generations: int = 0
+    _staged_counted: dict[str, int] | None = None  # None until both tiers were scanned once
+    _drained_counted: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.layout = self.layout or self.policy.layout
@@ -170,6 +181,7 @@ class JobTracker:
         for key in [k for k in self._gens if k[0] == tier and k not in seen]:
             del self._gens[key]  # deleted (retention) or renamed away
         self._writing = any(gen.state == WRITING for gen in self._gens.values())
+        self._update_drain()
         # Newest first, so the generation a restore would pick is judged first.
         requests.sort(key=lambda r: r.found.commit_time or 0.0, reverse=True)
         return requests
@@ -229,6 +241,9 @@ class JobTracker:
             return
         self.saves_committed += 1
         commit = gen.found.commit_time or gen.found.last_write_time
+        staged = self._gens.get((STAGING, gen.found.id))
+        if staged is not None:  # a two-tier save started when its staging copy did
+            gen.start_time = min(gen.start_time, staged.start_time)
         duration = max(0.0, commit - gen.start_time)  # skewed mtimes never go negative
         key = self._save_key(gen)
         if key in self._accounted:
@@ -237,7 +252,7 @@ class JobTracker:
         if timeline is not None:
             timeline.disk_total = duration  # wait for its ranks: they know the phases
             return
-        self._account({"total": duration}, live=True, key=key)
+        self._account({"total": duration}, live=True, key=key, window=(gen.start_time, commit))
 
     def _save_key(self, gen: _Gen) -> SaveKey | None:
         """The key under which this generation's spool events are filed."""
@@ -255,10 +270,13 @@ class JobTracker:
 
     def _account(
         self, phases: dict[str, float], live: bool, key: SaveKey | None,
-        timeline: Timeline | None = None,
+        timeline: Timeline | None = None, window: tuple[float, float] | None = None,
     ) -> None:  # fmt: skip
         """One finished save: its phases set the gauges and, if it ended while we ran, the
         histograms and the deadline count."""
+        window = timeline.window() if timeline is not None else window
+        if window is not None and window != self.last_window:
+            self.last_window, self.window_telemetry = window, None
         if key is not None:
             self._accounted[key] = None
             while len(self._accounted) > 256:
@@ -273,6 +291,42 @@ class JobTracker:
             self.durations[phase].observe(seconds)
         if phases.get("total", 0.0) > self.policy.deadline:
             self.deadline_misses += 1
+
+    # --- drain -------------------------------------------------------------------------------
+
+    def _update_drain(self) -> None:
+        """Match the staging tier against the durable tier; count what changed while we ran."""
+        if not any(p.tier == STAGING for p in self.paths):
+            return
+        publics = [gen.public() for gen in self._gens.values()]
+        state = drain_state(
+            (g for g in publics if g.tier == STAGING), (g for g in publics if g.tier == DURABLE)
+        )
+        staged, drained = state.staged or {}, state.drained or {}
+        if self._staged_counted is None:
+            if {STAGING, DURABLE} <= self._scanned:  # history: what was already there
+                self._staged_counted = dict(staged)
+                self._drained_counted = set(drained)
+            self.drain = state
+            return
+        for gen_id, size in staged.items():
+            counted = self._staged_counted.get(gen_id, 0)
+            if size > counted:  # new, or grown since its final stat
+                self.staged_bytes += size - counted
+                self._staged_counted[gen_id] = size
+        for gen_id, size in drained.items():
+            if gen_id not in self._drained_counted:
+                self._drained_counted.add(gen_id)
+                self.drained_bytes += size
+        waiting_before = set(self.drain.staged or {}) - set(self.drain.drained or {})
+        for gen_id in waiting_before - set(staged):
+            if gen_id not in drained and gen_id not in self._drained_counted:
+                self.lost_generations += 1  # deleted from staging before reaching durable
+        self.drain = state
+
+    def set_window_telemetry(self, telemetry: WindowTelemetry) -> None:
+        self.window_telemetry = telemetry
+        self._cached = None
 
     # --- spool events ------------------------------------------------------------------------
 
@@ -294,7 +348,7 @@ class JobTracker:
             elif now - timeline.first_seen > max(SAVE_TIMELINE_EXPIRY, 3 * self.policy.deadline):
                 del self.clocks.saves[key]  # some rank never reported: fall back to the disk
                 if timeline.disk_total is not None:
-                    self._account({"total": timeline.disk_total}, timeline.live, key)
+                    self._account({"total": timeline.disk_total}, timeline.live, key, timeline)
         for key, run in list(self.clocks.restores.items()):
             if run.finished:
                 del self.clocks.restores[key]
@@ -392,6 +446,13 @@ class JobTracker:
             restore_failures=self.restore_failures,
             restore_last_success=self.restore_last_success,
             restore_last_duration=self.restore_last_duration,
+            window=self.window_telemetry,
+            drain_backlog_bytes=self.drain.backlog_bytes,
+            drain_backlog_generations=self.drain.backlog_generations,
+            oldest_undrained_commit=self.drain.oldest_undrained_commit,
+            staged_bytes=self.staged_bytes,
+            drained_bytes=self.drained_bytes,
+            lost_generations=self.lost_generations,
         )
 
 
@@ -409,8 +470,7 @@ class Tracker:
         self.jobs: dict[str, JobTracker] = {
             job.name: JobTracker(job.name, job_paths(job), job.policy) for job in config.jobs
         }
-        self.daemon = DaemonState()
-        self.snapshot = Snapshot(taken_at=time.time())
+        self.snapshot = Snapshot(taken_at=time.time(), daemon=DaemonState())
 
     def add(self, job: JobTracker) -> None:
         self.jobs[job.name] = job
@@ -418,18 +478,25 @@ class Tracker:
     def forget(self, name: str) -> None:
         self.jobs.pop(name, None)
 
-    def publish(self, daemon: DaemonState | None = None) -> Snapshot:
+    def publish(
+        self,
+        daemon: DaemonState | None = None,
+        filesystems: tuple[FilesystemState, ...] | None = None,
+        telemetry: tuple[tuple[str, bool], ...] | None = None,
+    ) -> Snapshot:
         """Swap in a new snapshot, or keep the current one when nothing changed (so a scrape
         can reuse what it rendered for it)."""
-        if daemon is not None:
-            self.daemon = daemon
-        jobs = tuple(job.state() for job in self.jobs.values())
         current = self.snapshot
+        daemon = daemon if daemon is not None else current.daemon
+        filesystems = filesystems if filesystems is not None else current.filesystems
+        telemetry = telemetry if telemetry is not None else current.telemetry
+        jobs = tuple(job.state() for job in self.jobs.values())
         unchanged = (
             len(jobs) == len(current.jobs)
             and all(new is old for new, old in zip(jobs, current.jobs, strict=True))
-            and self.daemon == current.daemon
+            and (daemon, filesystems, telemetry)
+            == (current.daemon, current.filesystems, current.telemetry)
         )
         if not unchanged:
-            self.snapshot = Snapshot(taken_at=time.time(), jobs=jobs, daemon=self.daemon)
+            self.snapshot = Snapshot(time.time(), jobs, daemon, filesystems, telemetry)
         return self.snapshot

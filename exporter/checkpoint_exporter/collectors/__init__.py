@@ -9,10 +9,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from checkpoint_exporter.collectors.capacity import CapacityCollector
 from checkpoint_exporter.collectors.checkpoints import CheckpointsCollector
+from checkpoint_exporter.collectors.drain import DrainCollector
 from checkpoint_exporter.collectors.exporter import ExporterCollector
 from checkpoint_exporter.collectors.jobs import JobsCollector
 from checkpoint_exporter.collectors.restores import RestoresCollector
+from checkpoint_exporter.collectors.window import DiskCollector, GpuCollector, NetworkCollector
 from checkpoint_exporter.metrics import SnapshotCollector
 
 
@@ -32,6 +35,21 @@ REGISTRY: dict[str, CollectorEntry] = {
     ),
     RestoresCollector.name: CollectorEntry(
         RestoresCollector, True, "restores: drills and loads reported by training jobs"
+    ),
+    DrainCollector.name: CollectorEntry(
+        DrainCollector, True, "staging tier to durable tier: backlog, arrival and drain"
+    ),
+    CapacityCollector.name: CollectorEntry(
+        CapacityCollector, True, "filesystems behind watched paths: size, avail, reserve"
+    ),
+    NetworkCollector.name: CollectorEntry(
+        NetworkCollector, True, "NIC and InfiniBand traffic during each job's newest save"
+    ),
+    DiskCollector.name: CollectorEntry(
+        DiskCollector, True, "bytes written to the backing disks during each job's newest save"
+    ),
+    GpuCollector.name: CollectorEntry(
+        GpuCollector, True, "GPU utilisation during, and just before, each job's newest save"
     ),
     ExporterCollector.name: CollectorEntry(
         ExporterCollector, True, "the exporter's own scanning: durations, operations, errors"

@@ -1,0 +1,7 @@
+"""Node telemetry sampled into bounded ring buffers, so each save window can be correlated.
+
+Prometheus advises exporters against their own timers; this one needs samples *inside* each
+checkpoint window, so it samples (sampler.py) and exports only values derived per window
+(correlate.py) plus filesystem capacity. Each source reads sysfs/procfs below the configured
+``--path.sysfs`` / ``--path.procfs``.
+"""
