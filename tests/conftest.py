@@ -52,13 +52,20 @@ class Response:
 class Exporter:
     """``checkpoint-exporter serve`` in a subprocess, listening on an ephemeral loopback port."""
 
-    def __init__(self, *args: str, cwd: Path | None = None, prefix: list[str] | None = None):
+    def __init__(
+        self,
+        *args: str,
+        cwd: Path | None = None,
+        prefix: list[str] | None = None,
+        env: dict[str, str] | None = None,
+    ):
         self.process = subprocess.Popen(
             [*(prefix or []), *CLI, "serve", "--web.listen-address", "127.0.0.1:0", *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
             cwd=cwd,
+            env={**os.environ, **(env or {})},
         )
         self.lines: queue.Queue[str] = queue.Queue()
         self.log: list[str] = []

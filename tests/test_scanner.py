@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -18,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Exporter, as_nobody, sample, wait_for, write_config
+from tests.helpers.trees import dcp_generation, dcp_metadata_bytes
 
 
 def metrics(exporter: Exporter) -> str:
@@ -26,35 +26,6 @@ def metrics(exporter: Exporter) -> str:
 
 def value(exporter: Exporter, name: str, **labels: str) -> float | None:
     return sample(metrics(exporter), name, **labels)
-
-
-def dcp_generation(directory: Path, shards: int = 2, shard_bytes: int = 16) -> None:
-    """A committed DCP generation whose .metadata (a real torch pickle) names its shards."""
-    directory.mkdir(parents=True)
-    for index in range(shards):
-        (directory / f"__{index}_0.distcp").write_bytes(b"\0" * shard_bytes)
-    (directory / ".metadata").write_bytes(_metadata(shards, shard_bytes))
-
-
-_METADATA_CACHE: dict[tuple[int, int], bytes] = {}
-
-
-def _metadata(shards: int, shard_bytes: int) -> bytes:
-    if (shards, shard_bytes) not in _METADATA_CACHE:
-        code = f"""
-import pickle, sys, warnings
-warnings.filterwarnings("ignore")
-from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, BytesStorageMetadata
-from torch.distributed.checkpoint.filesystem import _StorageInfo
-items = {{f"item{{i}}": BytesStorageMetadata() for i in range({shards})}}
-storage = {{MetadataIndex(f"item{{i}}"): _StorageInfo(f"__{{i}}_0.distcp", 0, {shard_bytes})
-            for i in range({shards})}}
-sys.stdout.buffer.write(pickle.dumps(Metadata(state_dict_metadata=items, storage_data=storage)))
-"""
-        _METADATA_CACHE[(shards, shard_bytes)] = subprocess.run(
-            [sys.executable, "-c", code], capture_output=True, check=True, timeout=300
-        ).stdout
-    return _METADATA_CACHE[(shards, shard_bytes)]
 
 
 @pytest.fixture
@@ -132,7 +103,7 @@ def test_inotify_overflow_is_counted_and_reconciled(tmp_path: Path, exporters) -
     wait_for(lambda: (value(exporter, "checkpoint_exporter_watch_overflows_total") or 0) >= 1, 10)
     # The reconcile that follows sees every file, though most events were dropped.
     wait_for(lambda: value(exporter, "checkpoint_saves_in_progress", training_job="j") == 1, 10)
-    (generation / ".metadata").write_bytes(_metadata(2000, 0))
+    (generation / ".metadata").write_bytes(dcp_metadata_bytes(2000, 0))
     wait_for(
         lambda: value(exporter, "checkpoint_last_committed_files", training_job="j") == 2001, 10
     )

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 from checkpoint_exporter.layouts import REGISTRY, Options, detect
@@ -57,3 +59,32 @@ def _content_files() -> frozenset[str]:
     from checkpoint_exporter.layouts import ALL_CONTENT_FILES
 
     return ALL_CONTENT_FILES
+
+
+def dcp_generation(directory: Path, shards: int = 2, shard_bytes: int = 16) -> None:
+    """A committed DCP generation whose .metadata (a real torch pickle) names its shards."""
+    directory.mkdir(parents=True)
+    for index in range(shards):
+        (directory / f"__{index}_0.distcp").write_bytes(b"\0" * shard_bytes)
+    (directory / ".metadata").write_bytes(dcp_metadata_bytes(shards, shard_bytes))
+
+
+_METADATA_CACHE: dict[tuple[int, int], bytes] = {}
+
+
+def dcp_metadata_bytes(shards: int, shard_bytes: int) -> bytes:
+    if (shards, shard_bytes) not in _METADATA_CACHE:
+        code = f"""
+import pickle, sys, warnings
+warnings.filterwarnings("ignore")
+from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, BytesStorageMetadata
+from torch.distributed.checkpoint.filesystem import _StorageInfo
+items = {{f"item{{i}}": BytesStorageMetadata() for i in range({shards})}}
+storage = {{MetadataIndex(f"item{{i}}"): _StorageInfo(f"__{{i}}_0.distcp", 0, {shard_bytes})
+            for i in range({shards})}}
+sys.stdout.buffer.write(pickle.dumps(Metadata(state_dict_metadata=items, storage_data=storage)))
+"""
+        _METADATA_CACHE[(shards, shard_bytes)] = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, check=True, timeout=300
+        ).stdout
+    return _METADATA_CACHE[(shards, shard_bytes)]

@@ -33,10 +33,12 @@ class GpuSource:
         self._lost: set[str] = set()
         self._logged: set[str] = set()
 
-    def _once(self, key: str, message: str, *args: object) -> None:
+    def _once(self, key: str, message: str, *args: object, level: int | None = None) -> None:
+        """Log a condition the first time it is seen; absent NVML is news only if required."""
         if key not in self._logged:
             self._logged.add(key)
-            (log.error if self.required else log.info)(message, *args)
+            default = logging.ERROR if self.required else logging.INFO
+            log.log(level if level is not None else default, message, *args)
 
     def _init(self) -> None:
         now = time.monotonic()
@@ -69,9 +71,12 @@ class GpuSource:
                 continue
             try:
                 out.update(self._device(nvml, index, handle))
-            except nvml.NVMLError_GPUIsLost:
+            except nvml.NVMLError_GpuIsLost:
                 self._lost.add(index)
-                self._once(f"lost:{index}", "GPU %s is lost: no more telemetry from it", index)
+                self._once(
+                    f"lost:{index}", "GPU %s is lost: no more telemetry from it", index,
+                    level=logging.WARNING,
+                )  # fmt: skip
             except nvml.NVMLError as error:
                 self._once(f"error:{index}:{type(error).__name__}", "GPU %s: %s", index, error)
         if len(self._lost) == len(self._handles):
