@@ -13,13 +13,18 @@ from tests.conftest import REPO, require_tool
 
 def documented(name: str) -> str:
     text = (REPO / "docs" / "metrics.md").read_text()
-    match = re.search(rf"<!-- promql: {name} -->\n```promql\n(.*?)```", text, re.S)
+    match = re.search(
+        rf"<!-- BEGIN GENERATED: promql {name} .*?-->\n```promql\n(.*?)```", text, re.S
+    )
     assert match, f"docs/metrics.md has no promql block {name!r}"
     return match.group(1)
 
 
 def test_capacity_expressions_match_the_worked_example(tmp_path: Path) -> None:
-    fs = 'instance="node1",mountpoint="/mnt/ckpt",device="filer:/ckpt",fstype="nfs4"'
+    fs = (
+        'job="checkpoint-exporter",instance="node1",mountpoint="/mnt/ckpt",'
+        'device="filer:/ckpt",fstype="nfs4"'
+    )
     series = [
         {"series": f"checkpoint_filesystem_size_bytes{{{fs}}}", "values": "2.156e13"},
         # Three retained generations of four jobs are on disk: 21.56 - 12.936 TB left.
@@ -27,7 +32,7 @@ def test_capacity_expressions_match_the_worked_example(tmp_path: Path) -> None:
         {"series": f"checkpoint_filesystem_reserve_ratio{{{fs}}}", "values": "0.2"},
     ]
     for job in ("a", "b", "c", "d"):
-        labels = f'instance="node1",training_job="{job}"'
+        labels = f'job="checkpoint-exporter",instance="node1",training_job="{job}"'
         placed = f'{labels},tier="durable",mountpoint="/mnt/ckpt"'
         series += [
             {"series": f"checkpoint_last_committed_size_bytes{{{labels}}}", "values": "1.078e12"},

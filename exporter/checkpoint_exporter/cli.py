@@ -19,7 +19,7 @@ from typing import Any
 from checkpoint_exporter import __version__, logs
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
-VERBS = ("serve", "check-config", "plan", "restore-drill")
+VERBS = ("serve", "check-config", "plan", "restore-drill", "rules", "dashboards")
 
 log = logging.getLogger("checkpoint_exporter")
 
@@ -132,6 +132,25 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also load it with torch.distributed.checkpoint into CPU memory (needs torch)",
     )
+    for verb, what, default in (
+        ("rules", "alert and recording rules (and a PrometheusRule)", "alerts"),
+        ("dashboards", "Grafana dashboards", "dashboards"),
+    ):
+        generator = verbs.add_parser(verb, help=f"generate the {what}")
+        generator.add_argument(
+            "--config.file",
+            dest="config_file",
+            metavar="FILE",
+            help="mixin config (YAML): selector, severities, `for` durations, runbook URL, SLO",
+        )
+        generator.add_argument("--output-dir", default=default, metavar="DIR")
+        if verb == "rules":
+            generator.add_argument(
+                "--kubernetes-dir",
+                default="deploy/kubernetes",
+                metavar="DIR",
+                help="where the PrometheusRule manifest goes",
+            )
     return parser
 
 
@@ -352,6 +371,23 @@ def _restore_drill(args: argparse.Namespace) -> int:
     return run_drill(config, args.job, args.generation, args.full)
 
 
+def _generate(args: argparse.Namespace) -> int:
+    from checkpoint_exporter.config import ConfigError
+    from checkpoint_exporter.generate import write_outputs
+    from checkpoint_exporter.mixin import load_mixin
+
+    try:
+        mixin = load_mixin(args.config_file)
+    except ConfigError as error:
+        return _report_config_error(error)
+    targets = {args.verb: Path(args.output_dir)}
+    if args.verb == "rules":
+        targets["prometheusrule"] = Path(args.kubernetes_dir)
+    for path in write_outputs(mixin, targets):
+        print(f"wrote {path}")
+    return EXIT_OK
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(_with_default_verb(sys.argv[1:] if argv is None else argv))
     logs.setup(getattr(args, "log_level", "info"), getattr(args, "log_format", "logfmt"))
@@ -360,6 +396,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "check-config": _check_config,
         "plan": _plan,
         "restore-drill": _restore_drill,
+        "rules": _generate,
+        "dashboards": _generate,
     }[args.verb]
     try:
         return handler(args)

@@ -12,7 +12,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from checkpoint_exporter import metrics
+from checkpoint_exporter import dashboards, metrics, rules
+from checkpoint_exporter.mixin import MixinConfig
 
 BEGIN = "<!-- BEGIN GENERATED: {name} (make generate) -->"
 END = "<!-- END GENERATED: {name} -->"
@@ -28,15 +29,58 @@ def _replace_block(text: str, name: str, body: str, file: Path) -> str:
     return f"{head}{begin}\n{body}{end}{tail}"
 
 
+def _recorded_expr(record: str) -> str:
+    for group in rules.rule_groups()["groups"]:
+        for rule in group["rules"]:
+            if rule.get("record") == record:
+                return rule["expr"].rstrip("\n") + "\n"
+    raise KeyError(record)
+
+
 def _metrics_doc(root: Path) -> str:
     path = root / "docs" / "metrics.md"
-    return _replace_block(path.read_text(), "metrics", metrics.reference_table(), path)
+    text = _replace_block(path.read_text(), "metrics", metrics.reference_table(), path)
+    for name, record in (
+        ("promql generations_that_fit", rules.GENERATIONS_THAT_FIT),
+        ("promql peak_footprint_ratio", rules.PEAK_FOOTPRINT),
+    ):
+        block = f"```promql\n{_recorded_expr(record)}```\n"
+        text = _replace_block(text, name, block, path)
+    return text
 
 
-# Each generated file, relative to the repository root, and how to build its new content.
-TARGETS: dict[str, Callable[[Path], str]] = {
-    "docs/metrics.md": _metrics_doc,
-}
+def outputs(mixin: MixinConfig) -> dict[str, dict[str, str]]:
+    """What each generator writes: kind -> {file name: content}."""
+    return {
+        "rules": {"checkpoint-exporter.rules.yaml": rules.to_yaml(rules.rule_groups(mixin))},
+        "prometheusrule": {"prometheusrule.yaml": rules.to_yaml(rules.prometheus_rule(mixin))},
+        "dashboards": {
+            f"{uid}.json": dashboards.dashboard_json(uid, mixin) for uid in dashboards.DASHBOARDS
+        },
+    }
+
+
+def write_outputs(mixin: MixinConfig, targets: dict[str, Path]) -> list[Path]:
+    """Write the outputs of each kind in ``targets`` (kind -> directory)."""
+    written = []
+    built = outputs(mixin)
+    for kind, directory in targets.items():
+        directory.mkdir(parents=True, exist_ok=True)
+        for name, content in built[kind].items():
+            (directory / name).write_text(content)
+            written.append(directory / name)
+    return written
+
+
+def _committed() -> dict[str, Callable[[Path], str]]:
+    """Each generated file, relative to the repository root, and how to build it."""
+    built = outputs(MixinConfig())
+    where = {"rules": "alerts", "prometheusrule": "deploy/kubernetes", "dashboards": "dashboards"}
+    targets: dict[str, Callable[[Path], str]] = {"docs/metrics.md": _metrics_doc}
+    for kind, files in built.items():
+        for name, content in files.items():
+            targets[f"{where[kind]}/{name}"] = lambda _root, content=content: content
+    return targets
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if stale")
     args = parser.parse_args(argv)
     stale = 0
-    for relative, build in TARGETS.items():
+    for relative, build in _committed().items():
         path = args.root / relative
         new = build(args.root)
         old = path.read_text() if path.exists() else ""

@@ -103,6 +103,13 @@ RETAINED_GENERATIONS_LIMIT = MetricSpec(
     "The job's configured retention: committed generations it should keep.",
     ("training_job",),
 )
+DEADLINE_BUCKET_INFO = MetricSpec(
+    "checkpoint_deadline_bucket_info",
+    "gauge",
+    "The `le` of the save-duration bucket at the job's deadline (label `bucket`; promtool "
+    "reserves `le` for histograms), for SLO rules to select that bucket.",
+    ("training_job", "bucket"),
+)
 RESTORE_DRILL_MAX_AGE_SECONDS = MetricSpec(
     "checkpoint_restore_drill_max_age_seconds",
     "gauge",
@@ -408,6 +415,7 @@ ALL: tuple[MetricSpec, ...] = (
     INTERVAL_SECONDS,
     DEADLINE_SECONDS,
     RETAINED_GENERATIONS_LIMIT,
+    DEADLINE_BUCKET_INFO,
     RESTORE_DRILL_MAX_AGE_SECONDS,
     LAST_COMMITTED_TIMESTAMP,
     LAST_COMMITTED_STEP,
