@@ -4,7 +4,6 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
-DEMO_DIR ?= .demo
 PYTEST_ARGS ?=
 CODE := exporter tests bench
 
@@ -12,7 +11,7 @@ CODE := exporter tests bench
 .PHONY: help venv toolchain test lint generate bench demo clean
 
 help:
-	@echo "make demo      run the exporter on an example config, print its URL"
+	@echo "make demo      a simulated cluster watched by the exporter; prints the URLs"
 	@echo "make test      set up (virtualenv, package, Prometheus toolchain) and run the tests"
 	@echo "make generate  rebuild the committed generated files"
 	@echo "make bench     run the benchmarks (bench/), write bench/results/"
@@ -29,7 +28,12 @@ venv: $(INSTALLED)
 toolchain:
 	@scripts/ensure-toolchain
 
-test: venv toolchain
+# The prometheus-operator schemas the manifest tests validate against (npm, tests only).
+tests/k8s/node_modules: tests/k8s/package-lock.json
+	npm ci --prefix tests/k8s --no-audit --no-fund --loglevel=error
+	@touch $@
+
+test: venv toolchain tests/k8s/node_modules
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: venv
@@ -42,13 +46,11 @@ generate: venv
 bench: venv
 	$(BIN)/python bench/run.py
 
-# Until the embedded simulated cluster lands, the demo serves the exporter on examples/demo.yaml,
-# watching a checkpoint directory it creates under $(DEMO_DIR).
+# A small simulated cluster on this machine, watched by the real exporter (and by Prometheus and
+# Alertmanager when installed). Ctrl-C stops everything; DEMO_ARGS="--workdir DIR" keeps the files.
+DEMO_ARGS ?=
 demo: venv
-	@mkdir -p $(DEMO_DIR)/checkpoints/example
-	@cp examples/demo.yaml $(DEMO_DIR)/config.yaml
-	@echo "checkpoint-exporter demo: open http://localhost:25780/ (metrics at /metrics); Ctrl-C stops it"
-	$(BIN)/checkpoint-exporter serve --config.file $(DEMO_DIR)/config.yaml
+	$(BIN)/checkpoint-exporter demo $(DEMO_ARGS)
 
 clean:
-	rm -rf $(VENV) $(DEMO_DIR) bench/results .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) bench/results test-artifacts tests/k8s/node_modules .pytest_cache .ruff_cache .hypothesis

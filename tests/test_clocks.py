@@ -138,3 +138,20 @@ def test_restores_from_jobs_and_drills() -> None:
     state = tracker.state()
     assert (state.restores, state.restore_failures) == (2, 1)
     assert state.restore_last_success == T + 42 and state.restore_last_duration == 3.0
+
+
+def test_a_two_tier_save_ends_at_its_durable_commit() -> None:
+    from checkpoint_exporter.model import STAGING
+
+    tracker = JobTracker(
+        "j", (WatchedPath(DURABLE, "/filer/j"), WatchedPath(STAGING, "/nvme/j")), Policy(deadline=5)
+    )
+    tracker.observe(DURABLE, [], T)
+    tracker.observe(STAGING, [], T)
+    feed(tracker, save(0, T, T + 1, T + 1, T + 2, T + 2), T + 2)  # on staging in 2 s
+    assert hist(tracker, "total").count == 0  # not durable yet
+    tracker.observe(DURABLE, [Found("step-10", 10, COMMITTED, T + 3, T + 9, T + 9, 10, 1)], T + 9)
+    tracker.tick(T + 10)
+    assert hist(tracker, "total").sum == 9.0  # save start to the durable commit
+    assert hist(tracker, "pause").sum == 1.0 and tracker.state().deadline_misses == 1
+    assert tracker.state().recent_saves[-1].outcome == "late"

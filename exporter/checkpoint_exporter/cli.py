@@ -19,7 +19,7 @@ from typing import Any
 from checkpoint_exporter import __version__, logs
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
-VERBS = ("serve", "check-config", "plan", "restore-drill", "rules", "dashboards")
+VERBS = ("serve", "check-config", "plan", "restore-drill", "rules", "dashboards", "demo")
 
 log = logging.getLogger("checkpoint_exporter")
 
@@ -131,6 +131,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--full",
         action="store_true",
         help="also load it with torch.distributed.checkpoint into CPU memory (needs torch)",
+    )
+    demo = verbs.add_parser(
+        "demo", help="a small simulated cluster on this machine, watched by the real exporter"
+    )
+    demo.add_argument("--workdir", metavar="DIR", help="keep its files here (default: temporary)")
+    demo.add_argument("--duration", type=float, metavar="SECONDS", help="stop after this long")
+    demo.add_argument(
+        "--port", type=int, default=25780, help="the exporter's; Prometheus +10, Alertmanager +11"
     )
     for verb, what, default in (
         ("rules", "alert and recording rules (and a PrometheusRule)", "alerts"),
@@ -388,6 +396,12 @@ def _generate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _demo(args: argparse.Namespace) -> int:
+    from checkpoint_exporter.demo import run
+
+    return run(Path(args.workdir) if args.workdir else None, args.duration, args.port)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(_with_default_verb(sys.argv[1:] if argv is None else argv))
     logs.setup(getattr(args, "log_level", "info"), getattr(args, "log_format", "logfmt"))
@@ -398,6 +412,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "restore-drill": _restore_drill,
         "rules": _generate,
         "dashboards": _generate,
+        "demo": _demo,
     }[args.verb]
     try:
         return handler(args)

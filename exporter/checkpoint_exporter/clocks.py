@@ -58,6 +58,7 @@ class Timeline:
     first_seen: float = 0.0  # local clock, as every time below that is not an event's own
     last_arrival: float = 0.0
     disk_total: float | None = None  # from the generation on disk, if it committed first
+    durable_commit: float | None = None  # when the durable tier's copy committed
 
     def finished(self, now: float) -> bool:
         """Every rank that started here has ended, and no rank has spoken for a moment (a
@@ -73,11 +74,15 @@ class Timeline:
         return any("committed" in events for events in self.ranks.values())
 
     def phases(self) -> dict[str, float]:
-        """Per phase, the slowest rank's duration."""
+        """Per phase, the slowest rank's duration; the total runs to the durable commit when a
+        staging tier drained it there later."""
         out: dict[str, float] = {}
         for events in self.ranks.values():
             for phase, seconds in phases_of(events).items():
                 out[phase] = max(out.get(phase, 0.0), seconds)
+        window = self.window()
+        if window is not None and self.durable_commit is not None:
+            out["total"] = max(out.get("total", 0.0), self.durable_commit - window[0])
         return out
 
     def write_end(self) -> float | None:
@@ -87,9 +92,11 @@ class Timeline:
         return max(ends) if ends else None
 
     def window(self) -> tuple[float, float] | None:
-        """(first rank's start, last rank's commit): the save's span on this node."""
+        """(first rank's start, last rank's commit or the durable commit): the save's span."""
         starts = [e["save_start"] for e in self.ranks.values() if "save_start" in e]
         ends = [e["committed"] for e in self.ranks.values() if "committed" in e]
+        if self.durable_commit is not None:
+            ends.append(self.durable_commit)
         return (min(starts), max(ends)) if starts and ends else None
 
     def write_spread(self) -> float | None:

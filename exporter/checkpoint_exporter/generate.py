@@ -49,14 +49,30 @@ def _metrics_doc(root: Path) -> str:
     return text
 
 
+def _dashboards_configmap(files: dict[str, str]) -> str:
+    """The dashboards as a ConfigMap that Grafana's dashboard sidecar picks up."""
+    manifest = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": "checkpoint-exporter-dashboards",
+            "labels": {"app.kubernetes.io/name": "checkpoint-exporter", "grafana_dashboard": "1"},
+        },
+        "data": files,
+    }
+    return rules.to_yaml(manifest)
+
+
 def outputs(mixin: MixinConfig) -> dict[str, dict[str, str]]:
     """What each generator writes: kind -> {file name: content}."""
+    boards = {f"{uid}.json": dashboards.dashboard_json(uid, mixin) for uid in dashboards.DASHBOARDS}
     return {
         "rules": {"checkpoint-exporter.rules.yaml": rules.to_yaml(rules.rule_groups(mixin))},
-        "prometheusrule": {"prometheusrule.yaml": rules.to_yaml(rules.prometheus_rule(mixin))},
-        "dashboards": {
-            f"{uid}.json": dashboards.dashboard_json(uid, mixin) for uid in dashboards.DASHBOARDS
+        "prometheusrule": {
+            "prometheusrule.yaml": rules.to_yaml(rules.prometheus_rule(mixin)),
+            "dashboards.yaml": _dashboards_configmap(boards),
         },
+        "dashboards": boards,
     }
 
 

@@ -105,9 +105,16 @@ def _rank() -> tuple[int, int]:
 class _Emitter:
     """The fields every event of one save or restore shares."""
 
-    def __init__(self, training_job: str, step: int | None, path: Any, spool: str | None):
+    def __init__(
+        self,
+        training_job: str,
+        step: int | None,
+        path: Any,
+        spool: str | None,
+        rank: tuple[int, int] | None = None,
+    ):
         self.spool = spool if spool is not None else os.environ.get(SPOOL_ENV)
-        rank, world_size = _rank()
+        rank, world_size = rank if rank is not None else _rank()
         self.base = {
             "v": SCHEMA_VERSION,
             "training_job": str(training_job),
@@ -159,10 +166,21 @@ class Save:
 
 @contextlib.contextmanager
 def saving(
-    *, training_job: str, step: int | None = None, path: Any = None, spool: str | None = None
+    *,
+    training_job: str,
+    step: int | None = None,
+    path: Any = None,
+    spool: str | None = None,
+    rank: int | None = None,
+    world_size: int | None = None,
 ) -> Iterator[Save]:
-    """Clocks for any writer: ``committed`` on clean exit, ``save_failed`` on an exception."""
-    emit = _Emitter(training_job, step, path, spool)
+    """Clocks for any writer: ``committed`` on clean exit, ``save_failed`` on an exception.
+
+    ``rank``/``world_size`` override what torch.distributed or RANK/WORLD_SIZE say, for
+    launchers that run several ranks in one process.
+    """
+    ranks = (rank, world_size or 1) if rank is not None else None
+    emit = _Emitter(training_job, step, path, spool, ranks)
     emit("save_start")
     try:
         yield Save(emit)

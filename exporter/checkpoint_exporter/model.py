@@ -63,6 +63,25 @@ class HistogramState:
 
 
 @dataclass(frozen=True)
+class SaveRecord:
+    """One finished save, for the landing page's timeline."""
+
+    step: int | None
+    start: float
+    end: float
+    phases: tuple[tuple[str, float], ...]  # empty for an aborted save
+    outcome: str  # ok | late (over the deadline) | aborted
+
+
+@dataclass(frozen=True)
+class RestoreRecord:
+    at: float
+    ok: bool
+    duration: float
+    reason: str = ""
+
+
+@dataclass(frozen=True)
 class JobState:
     """What the exporter knows about one training job at one instant."""
 
@@ -93,6 +112,8 @@ class JobState:
     staged_bytes: int = 0
     drained_bytes: int = 0
     lost_generations: int = 0
+    recent_saves: tuple[SaveRecord, ...] = ()  # oldest first
+    recent_restores: tuple[RestoreRecord, ...] = ()
 
 
 @dataclass(frozen=True)

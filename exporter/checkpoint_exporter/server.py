@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import errno
 import gzip
-import html
 import logging
 import socket
 import threading
@@ -15,10 +14,9 @@ from urllib.parse import urlsplit
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import CollectorRegistry
 
-from checkpoint_exporter import __version__
+from checkpoint_exporter import __version__, landing
 from checkpoint_exporter.config import ListenAddress, WebConfig, parse_listen_address
 from checkpoint_exporter.model import Snapshot
-from checkpoint_exporter.units import format_duration
 
 log = logging.getLogger(__name__)
 
@@ -50,38 +48,6 @@ def _bind(host: str, port: int, handler: type[BaseHTTPRequestHandler]) -> Thread
                 raise
             log.debug("cannot listen on %s (%s); trying the next address family", bind_host, error)
     raise AssertionError("unreachable")
-
-
-def landing_page(snapshot: Snapshot, telemetry_path: str) -> str:
-    rows = "".join(
-        "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>".format(
-            html.escape(job.name),
-            html.escape(job.layout),
-            "<br>".join(html.escape(f"{p.tier}: {p.path}") for p in job.paths),
-            format_duration(job.interval_seconds),
-            format_duration(job.deadline_seconds),
-        )
-        for job in snapshot.jobs
-    )
-    jobs = (
-        f"<table><tr><th>training job</th><th>layout</th><th>paths</th><th>interval</th>"
-        f"<th>deadline</th></tr>{rows}</table>"
-        if snapshot.jobs
-        else "<p>No training jobs are configured: add <code>jobs:</code> or "
-        "<code>discover:</code> to the config file.</p>"
-    )
-    path = html.escape(telemetry_path)
-    return f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>checkpoint-exporter</title>
-<style>body{{font-family:sans-serif;margin:2em}}td,th{{padding:.2em .8em;text-align:left}}
-th{{border-bottom:1px solid #999}}</style></head>
-<body><h1>checkpoint-exporter</h1>
-<p>Version {html.escape(__version__)}. Is every training job's state reaching recoverable storage
-before its deadline?</p>
-<ul><li><a href="{path}">Metrics</a></li><li><a href="/healthz">Health</a></li></ul>
-<h2>Watched jobs</h2>{jobs}
-</body></html>
-"""
 
 
 class MetricsServer:
@@ -169,7 +135,7 @@ class _Handler(BaseHTTPRequestHandler):
         elif path == "/healthz":
             self._send(200, "text/plain; charset=utf-8", b"ok\n")
         elif path == "/" and web.telemetry_path != "/":
-            page = landing_page(self.exporter.snapshot(), web.telemetry_path)
+            page = landing.render(self.exporter.snapshot(), web.telemetry_path)
             self._send(200, "text/html; charset=utf-8", page.encode())
         else:
             self._send(404, "text/plain; charset=utf-8", b"not found\n")

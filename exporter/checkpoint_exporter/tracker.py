@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import bisect
 import time
-from collections import Counter, OrderedDict
+from collections import Counter, OrderedDict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -33,6 +33,8 @@ from checkpoint_exporter.model import (
     Generation,
     HistogramState,
     JobState,
+    RestoreRecord,
+    SaveRecord,
     Snapshot,
     WatchedPath,
 )
@@ -42,6 +44,7 @@ from checkpoint_exporter.validate import Verdict
 # Save-duration buckets in seconds, few because every job and phase multiplies them; each job
 # adds its own deadline, the boundary its SLO counts against.
 DURATION_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600)
+RECENT = 12  # saves and restores each job remembers for the landing page
 # A save or restore whose ranks never all report is given up after this long.
 SAVE_TIMELINE_EXPIRY = 3600.0
 RESTORE_EXPIRY = 6 * 3600.0
@@ -144,6 +147,8 @@ class JobTracker:
     staged_bytes: int = 0
     drained_bytes: int = 0
     lost_generations: int = 0
+    recent_saves: deque[SaveRecord] = field(default_factory=lambda: deque(maxlen=RECENT))
+    recent_restores: deque[RestoreRecord] = field(default_factory=lambda: deque(maxlen=RECENT))
     _staged_counted: dict[str, int] | None = None  # None until both tiers were scanned once
     _drained_counted: set[str] = field(default_factory=set)
 
@@ -250,8 +255,9 @@ class JobTracker:
             return  # its events already told the whole story
         timeline = self.clocks.saves.get(key) if key else None
         if timeline is not None:
-            timeline.disk_total = duration  # wait for its ranks: they know the phases
-            return
+            # Its ranks know the phases; the durable commit is where a two-tier save ends.
+            timeline.disk_total, timeline.durable_commit = duration, commit
+            return  # the next tick settles it
         self._account({"total": duration}, live=True, key=key, window=(gen.start_time, commit))
 
     def _save_key(self, gen: _Gen) -> SaveKey | None:
@@ -285,6 +291,14 @@ class JobTracker:
         if timeline is not None:
             self.last_write_end = timeline.write_end()
             self.last_write_spread = timeline.write_spread()
+        if window is not None:
+            late = phases.get("total", 0.0) > self.policy.deadline
+            step = key[1] if key is not None and key[0] == "step" else None
+            record = SaveRecord(
+                step if isinstance(step, int) else None, window[0], window[1],
+                tuple(sorted(phases.items())), "late" if late else "ok",
+            )  # fmt: skip
+            self.recent_saves.append(record)
         if not live:
             return
         for phase, seconds in phases.items():
@@ -340,12 +354,17 @@ class JobTracker:
 
     def _settle(self, now: float) -> None:
         self._cached = None
+        two_tier = any(p.tier == STAGING for p in self.paths)
+        expired = max(SAVE_TIMELINE_EXPIRY, 3 * self.policy.deadline)
         for key, timeline in list(self.clocks.saves.items()):
             if timeline.finished(now):
+                pending = two_tier and timeline.committed and timeline.durable_commit is None
+                if pending and now - timeline.first_seen <= expired:
+                    continue  # the ranks committed to staging; the deadline is durable
                 del self.clocks.saves[key]
                 if timeline.committed:
                     self._account(timeline.phases(), timeline.live, key, timeline)
-            elif now - timeline.first_seen > max(SAVE_TIMELINE_EXPIRY, 3 * self.policy.deadline):
+            elif now - timeline.first_seen > expired:
                 del self.clocks.saves[key]  # some rank never reported: fall back to the disk
                 if timeline.disk_total is not None:
                     self._account({"total": timeline.disk_total}, timeline.live, key, timeline)
@@ -362,6 +381,12 @@ class JobTracker:
 
     def _restored(self, run: RestoreRun) -> None:
         self.restore_last_duration = run.duration()
+        ended = max(
+            (e.get("restore_done", e.get("restore_failed", 0.0)) for e in run.ranks.values()),
+            default=0.0,
+        )
+        reason = run.errors[-1] if run.errors else ""
+        self.recent_restores.append(RestoreRecord(ended, run.succeeded, run.duration(), reason))
         if run.succeeded:
             self.restore_last_success = max(self.restore_last_success or 0.0, run.done_at())
         if run.live:
@@ -372,6 +397,10 @@ class JobTracker:
         gen.state = ABORTED
         if self._counts(gen):
             self.saves_aborted += 1
+            found = gen.found
+            self.recent_saves.append(
+                SaveRecord(found.step, gen.start_time, found.last_write_time, (), "aborted")
+            )
 
     # --- validation ------------------------------------------------------------------------
 
@@ -453,6 +482,8 @@ class JobTracker:
             staged_bytes=self.staged_bytes,
             drained_bytes=self.drained_bytes,
             lost_generations=self.lost_generations,
+            recent_saves=tuple(self.recent_saves),
+            recent_restores=tuple(self.recent_restores),
         )
 
 

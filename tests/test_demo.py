@@ -1,0 +1,137 @@
+"""`checkpoint-exporter demo` as a new user meets it: jobs commit, faults show within about a
+minute, headless Chromium draws the landing page's timelines, and stopping leaves nothing."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+
+from checkpoint_exporter import dcp_metadata
+from checkpoint_exporter.demo import dcp_metadata as demo_metadata
+from tests.conftest import CLI, REPO, require_tool, sample, wait_for
+
+ARTIFACTS = REPO / "test-artifacts"
+
+
+def free_port_block() -> int:
+    """A port p with p, p+10 and p+11 free (the demo's exporter, Prometheus, Alertmanager)."""
+    for _ in range(50):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        if port + 11 < 65535 and all(_free(port + offset) for offset in (10, 11)):
+            return port
+    raise AssertionError("no free port block")
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def chromium(url: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [require_tool("chromium"), "--headless", "--no-sandbox", "--disable-gpu",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--no-first-run", "--disable-quic", f"--user-data-dir={ARTIFACTS / '.chromium'}",
+         *args, url],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def test_the_demo(tmp_path: Path) -> None:
+    port = free_port_block()
+    workdir = tmp_path / "demo"
+    demo = subprocess.Popen(
+        [*CLI, "demo", "--workdir", str(workdir), "--port", str(port)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    try:
+
+        def metrics() -> str:
+            try:
+                with urllib.request.urlopen(f"{base}/metrics", timeout=5) as reply:
+                    return reply.read().decode()
+            except OSError:
+                return ""
+
+        def several_commits_and_a_fault() -> bool:
+            text = metrics()
+            jobs = ("llama70b-a", "llama70b-b", "llama70b-c", "llama70b-d")
+            committed = [
+                sample(text, "checkpoint_saves_committed_total", training_job=j) or 0 for j in jobs
+            ]
+            faults = sum(
+                sample(text, name, training_job=j) or 0
+                for j in jobs
+                for name in ("checkpoint_deadline_misses_total", "checkpoint_saves_aborted_total")
+            )
+            return sum(1 for c in committed if c >= 1) >= 3 and faults >= 1
+
+        started = time.monotonic()
+        wait_for(several_commits_and_a_fault, timeout=90, interval=2)
+        assert time.monotonic() - started < 75  # "within about a minute" of starting
+
+        # Headless Chromium renders the landing page: a timeline per job, with marks.
+        ARTIFACTS.mkdir(exist_ok=True)
+        dom = chromium(f"{base}/", "--dump-dom").stdout
+        assert len(re.findall(r'<svg[^>]*class="timeline"', dom)) == 4
+        assert len(re.findall(r'class="phase-write"', dom)) >= 3
+        assert len(re.findall(r'class="deadline"', dom)) == 4
+        assert re.search(r'class="[^"]*\bfailure\b', dom), "no fault drawn"
+        shot = chromium(
+            f"{base}/", "--window-size=1280,2200", f"--screenshot={ARTIFACTS / 'landing.png'}"
+        )
+        assert (ARTIFACTS / "landing.png").stat().st_size > 10_000, shot.stderr
+    finally:
+        demo.send_signal(signal.SIGINT)  # what Ctrl-C sends
+        output, _ = demo.communicate(timeout=60)
+    assert demo.returncode == 0, output[-3000:]
+    assert "every process it started is gone" in output
+    assert f"{base}/" in output  # it printed where to look
+    leftovers = [
+        p.info["cmdline"] for p in psutil.process_iter(["cmdline"])
+        if p.info["cmdline"] and any(str(workdir) in part for part in p.info["cmdline"])
+    ]  # fmt: skip
+    assert leftovers == []
+    listening = {c.laddr.port for c in psutil.net_connections("tcp") if c.status == "LISTEN"}
+    assert not listening & {port, port + 10, port + 11}
+
+
+def test_demo_metadata_without_torch_is_what_torch_reads(tmp_path: Path) -> None:
+    """The demo's stand-alone .metadata writer: our reader and torch itself both accept it."""
+    blocker = tmp_path / "no-torch"
+    blocker.mkdir()
+    (blocker / "torch.py").write_text("raise ImportError('no torch here')\n")
+    code = (
+        "import sys; from checkpoint_exporter.demo import dcp_metadata; "
+        "sys.stdout.buffer.write(dcp_metadata({'__0_0.distcp': 1234, '__1_0.distcp': 99}))"
+    )
+    data = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, check=True, timeout=60,
+        env={**os.environ, "PYTHONPATH": str(blocker)},
+    ).stdout  # fmt: skip
+    assert dcp_metadata.loads(data).shards == {"__0_0.distcp": 1234, "__1_0.distcp": 99}
+    assert dcp_metadata.loads(demo_metadata({"__0_0.distcp": 5})).shards == {"__0_0.distcp": 5}
+    import torch.distributed.checkpoint.metadata as md  # the real thing, where it is installed
+
+    metadata = pickle.loads(data)  # written by this test, a moment ago
+    assert isinstance(metadata, md.Metadata)
+    assert {info.relative_path: info.length for info in metadata.storage_data.values()} == {
+        "__0_0.distcp": 1234, "__1_0.distcp": 99,
+    }  # fmt: skip

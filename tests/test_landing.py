@@ -1,0 +1,74 @@
+"""The landing page's timelines, drawn from a snapshot: bars, deadline line, failure marks."""
+
+from __future__ import annotations
+
+import re
+
+from checkpoint_exporter.landing import render, timeline_svg
+from checkpoint_exporter.model import (
+    DURABLE,
+    FilesystemState,
+    JobState,
+    RestoreRecord,
+    SaveRecord,
+    Snapshot,
+    WatchedPath,
+)
+
+T = 1_800_000_000.0
+
+
+def job(**kw) -> JobState:
+    saves = (
+        SaveRecord(100, T, T + 3, (("commit", 0.5), ("pause", 0.5), ("staging", 1.0),
+                                   ("total", 3.0), ("write", 1.5)), "ok"),
+        SaveRecord(200, T + 60, T + 70, (("total", 10.0),), "late"),
+        SaveRecord(300, T + 120, T + 125, (), "aborted"),
+        SaveRecord(400, T + 180, T + 186, (("commit", 0.5), ("staging", 1.0), ("total", 6.0),
+                                           ("write", 1.5)), "ok"),
+    )  # fmt: skip
+    restores = (RestoreRecord(T + 100, True, 4.0), RestoreRecord(T + 190, False, 1.0, "torn"))
+    defaults = dict(
+        name="llama<70b>", layout="dcp", paths=(WatchedPath(DURABLE, "/ckpt/j"),),
+        interval_seconds=60, deadline_seconds=8, retained_generations_limit=3,
+        restore_drill_max_age_seconds=3600, recent_saves=saves, recent_restores=restores,
+    )  # fmt: skip
+    return JobState(**{**defaults, **kw})
+
+
+def count(svg: str, cls: str) -> int:
+    return len(re.findall(rf'class="[^"]*\b{cls}\b[^"]*"', svg))
+
+
+def test_bars_deadline_and_failures() -> None:
+    svg = timeline_svg(job())
+    assert svg.startswith("<svg") and svg.endswith("</svg>")
+    assert count(svg, "save") == 4
+    assert count(svg, "phase-staging") == 2 and count(svg, "phase-write") == 2
+    assert count(svg, "phase-pause") == 1
+    assert count(svg, "phase-drain") == 1  # save 400: 6 s total, 3 s on the clocks
+    assert count(svg, "phase-total") == 1  # save 200, timed from disk alone
+    assert count(svg, "deadline") == 1
+    assert count(svg, "aborted") == 1 and count(svg, "late") == 1
+    assert count(svg, "restore-failed") == 1 and count(svg, "restore-ok") == 1
+    assert count(svg, "failure") == 3  # the late bar, the aborted save, the failed restore
+    assert "step 100: total 3.00 s, pause 0.50 s, staging 1.00 s" in svg
+    assert "restore failed: torn" in svg
+    # The deadline sits below the late save's top: 8 s of a 10 s scale.
+    deadline_y = float(re.search(r'class="deadline" x1="\d+" y1="([\d.]+)"', svg).group(1))
+    late_top = float(
+        re.search(r'class="save late">.*?class="phase-total" x="[\d.]+" y="([\d.]+)"', svg).group(1)
+    )
+    assert late_top < deadline_y
+
+
+def test_page_escapes_names_and_shows_capacity() -> None:
+    snapshot = Snapshot(
+        T,
+        (job(),),
+        filesystems=(FilesystemState("/ckpt", "filer:/x", "nfs4", 10**13, 10**12, 0.2),),
+    )
+    page = render(snapshot, "/metrics")
+    assert "llama&lt;70b&gt;" in page and "llama<70b>" not in page
+    assert "/ckpt" in page and "10%" in page and "class=bad" in page  # 10% free, under the reserve
+    assert "<script" not in page  # no JavaScript
