@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from checkpoint_exporter.collectors.capacity import CapacityCollector
 from checkpoint_exporter.collectors.checkpoints import CheckpointsCollector
 from checkpoint_exporter.collectors.drain import DrainCollector
-from checkpoint_exporter.collectors.exporter import ExporterCollector
+from checkpoint_exporter.collectors.exporter import DaemonCollector
 from checkpoint_exporter.collectors.jobs import JobsCollector
 from checkpoint_exporter.collectors.restores import RestoresCollector
 from checkpoint_exporter.collectors.window import DiskCollector, GpuCollector, NetworkCollector
@@ -51,8 +51,8 @@ REGISTRY: dict[str, CollectorEntry] = {
     GpuCollector.name: CollectorEntry(
         GpuCollector, True, "GPU utilisation during, and just before, each job's newest save"
     ),
-    ExporterCollector.name: CollectorEntry(
-        ExporterCollector, True, "the exporter's own scanning: durations, operations, errors"
+    DaemonCollector.name: CollectorEntry(
+        DaemonCollector, True, "the exporter's own scanning: durations, operations, errors"
     ),
 }
 

@@ -10,7 +10,7 @@ from checkpoint_exporter import metrics
 from checkpoint_exporter.model import Snapshot
 
 
-class ExporterCollector(metrics.SnapshotCollector):
+class DaemonCollector(metrics.SnapshotCollector):
     name = "exporter"
 
     def collect(self, snapshot: Snapshot) -> Iterable[Metric]:
