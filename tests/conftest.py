@@ -90,7 +90,7 @@ class Exporter:
                 line = self.lines.get(timeout=0.2)
             except queue.Empty:
                 continue
-            match = re.search(r"url=(http://\S+?)(/[^\s\"]*)?[\s\"]", line)
+            match = re.search(r"url=(https?://\S+?)(/[^\s\"]*)?[\s\"]", line)
             if "listening" in line and match:
                 return match.group(1)
             if line == "":

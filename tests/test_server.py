@@ -144,13 +144,6 @@ def test_bad_flags_are_usage_errors(tmp_path: Path) -> None:
     assert run_cli("serve", "--web.telemetry-path", "metrics").returncode == 2
 
 
-def test_web_config_file_is_never_silently_ignored(tmp_path: Path) -> None:
-    web = write_config(tmp_path, "tls_server_config: {cert_file: a, key_file: b}\n", "web.yaml")
-    result = run_cli("serve", "--web.listen-address", "127.0.0.1:0", "--web.config.file", str(web))
-    assert result.returncode == 2
-    assert "refusing to serve without them" in result.stderr
-
-
 def test_version_and_module_entry_point() -> None:
     from checkpoint_exporter import __version__
 

@@ -248,14 +248,14 @@ def _serve(args: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"checkpoint-exporter: {error}", file=sys.stderr)
         return EXIT_USAGE
+    security = None
     if config.web.config_file is not None:
-        # Serving plain HTTP when TLS or basic auth was asked for would be a silent downgrade.
-        print(
-            f"checkpoint-exporter: web config file {config.web.config_file}: TLS and basic auth "
-            "are not supported by this version yet; refusing to serve without them",
-            file=sys.stderr,
-        )
-        return EXIT_USAGE
+        from checkpoint_exporter.webconfig import load_web_config
+
+        try:
+            security = load_web_config(config.web.config_file)
+        except ConfigError as error:
+            return _report_config_error(error)
     choices = {
         name: getattr(args, f"collector_{name}")
         for name in REGISTRY
@@ -272,9 +272,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     registry = build_registry(snapshot, enabled_collectors(choices), args.runtime_metrics)
     try:
-        server = MetricsServer(
-            config.web, registry, snapshot, cache_renders=not args.runtime_metrics
-        )
+        server = MetricsServer(config.web, registry, snapshot, not args.runtime_metrics, security)
     except OSError as error:
         log.error("cannot listen on %s: %s", config.web.listen_address, error.strerror or error)
         return EXIT_FAILURE

@@ -11,7 +11,7 @@ import difflib
 import os
 import re
 import stat
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -485,10 +485,14 @@ class _Checker:
             )
 
 
+def did_you_mean(key: object, options: Iterable[str]) -> str:
+    """'; did you mean 'x'?' for the closest option, or nothing when none is close."""
+    close = difflib.get_close_matches(str(key), sorted(options), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
 def _did_you_mean(key: object, options: Mapping[str, object]) -> str:
-    close = difflib.get_close_matches(str(key), list(options), n=1, cutoff=0.6)
-    hint = f"; did you mean {close[0]!r}?" if close else ""
-    return f"{hint} (known keys: {', '.join(sorted(options))})"
+    return f"{did_you_mean(key, options)} (known keys: {', '.join(sorted(options))})"
 
 
 def _policy(values: dict[str, Any], base: Policy) -> Policy:
@@ -663,22 +667,32 @@ def parse_config(text: str, file: str = "<config>", base_dir: Path | None = None
     return config
 
 
+def read_config_text(path: str | os.PathLike[str]) -> str:
+    """A config file's text, or a ConfigError naming the file and why it cannot be read."""
+    file = Path(path)
+    try:
+        return file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        reason = "file does not exist"
+    except IsADirectoryError:
+        reason = "is a directory, not a file"
+    except PermissionError:
+        reason = "permission denied"
+    except UnicodeDecodeError as error:
+        reason = f"not UTF-8 text: {error.reason}"
+    except OSError as error:
+        reason = error.strerror or str(error)
+    raise ConfigError([ConfigProblem(str(file), "", reason)])
+
+
+def read_yaml_file(path: str | os.PathLike[str]) -> YamlDocument:
+    return read_yaml(read_config_text(path), str(path))
+
+
 def load_config(path: str | os.PathLike[str]) -> Config:
     """Read and validate a config file. Relative paths inside are relative to the file."""
     file = Path(path)
-    try:
-        text = file.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError([ConfigProblem(str(file), "", "file does not exist")]) from None
-    except IsADirectoryError:
-        raise ConfigError([ConfigProblem(str(file), "", "is a directory, not a file")]) from None
-    except PermissionError:
-        raise ConfigError([ConfigProblem(str(file), "", "permission denied")]) from None
-    except UnicodeDecodeError as error:
-        raise ConfigError(
-            [ConfigProblem(str(file), "", f"not UTF-8 text: {error.reason}")]
-        ) from None
-    config = parse_config(text, str(file), file.resolve().parent)
+    config = parse_config(read_config_text(file), str(file), file.resolve().parent)
     return replace(config, source=file)
 
 

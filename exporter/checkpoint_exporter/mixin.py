@@ -7,12 +7,11 @@ selector that finds the exporters, severities, ``for`` durations, the runbook lo
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from checkpoint_exporter.config import ConfigError, ConfigProblem, read_yaml
+from checkpoint_exporter.config import ConfigError, ConfigProblem, did_you_mean, read_yaml_file
 from checkpoint_exporter.units import parse_duration
 
 CRITICAL = "critical"  # pages
@@ -73,10 +72,7 @@ def load_mixin(path: str | None) -> MixinConfig:
     if path is None:
         return MixinConfig()
     file = Path(path)
-    try:
-        document = read_yaml(file.read_text(encoding="utf-8"), str(file))
-    except OSError as error:
-        raise ConfigError([ConfigProblem(str(file), "", error.strerror or str(error))]) from None
+    document = read_yaml_file(file)
     problems = list(document.problems)
     data: Any = document.data or {}
     if not isinstance(data, dict):
@@ -85,8 +81,7 @@ def load_mixin(path: str | None) -> MixinConfig:
     for key, value in data.items():
         line = document.lines.get((key,))
         if key not in _KEYS:
-            close = difflib.get_close_matches(str(key), sorted(_KEYS), n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
+            hint = did_you_mean(key, _KEYS)
             problems.append(ConfigProblem(str(file), str(key), f"unknown key{hint}", line))
             continue
         reason = _check(key, value)
@@ -104,10 +99,7 @@ def _check(key: str, value: object) -> str | None:
             return "expected a mapping of alert name to value"
         for alert, setting in value.items():
             if alert not in ALERTS:
-                close = difflib.get_close_matches(str(alert), list(ALERTS), n=1)
-                return f"unknown alert {alert!r}" + (
-                    f"; did you mean {close[0]!r}?" if close else ""
-                )
+                return f"unknown alert {alert!r}" + did_you_mean(alert, ALERTS)
             if key == "severity" and setting not in (CRITICAL, WARNING, "info"):
                 return f"{alert}: severity must be critical, warning or info"
             if key == "for":

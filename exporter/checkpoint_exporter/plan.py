@@ -10,7 +10,6 @@ Young (1974) and Daly (2006). See docs/plan.md for the derivations.
 
 from __future__ import annotations
 
-import difflib
 import math
 import re
 import textwrap
@@ -18,6 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
+from checkpoint_exporter.config import did_you_mean
 from checkpoint_exporter.units import format_duration, parse_duration
 
 NUMBER = "number"
@@ -218,9 +218,7 @@ def parse_inputs(raw: Mapping[str, object]) -> PlanInputs:
     for name, value in raw.items():
         spec = INPUT_FIELDS.get(name)
         if spec is None:
-            close = difflib.get_close_matches(str(name), list(INPUT_FIELDS), n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            problems.append((str(name), f"unknown input{hint}"))
+            problems.append((str(name), "unknown input" + did_you_mean(name, INPUT_FIELDS)))
             continue
         if value is None:
             continue

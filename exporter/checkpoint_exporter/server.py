@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import base64
 import errno
 import gzip
 import logging
 import socket
+import ssl
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 from urllib.parse import urlsplit
 
 from prometheus_client.exposition import choose_encoder
@@ -17,6 +20,7 @@ from prometheus_client.registry import CollectorRegistry
 from checkpoint_exporter import __version__, landing
 from checkpoint_exporter.config import ListenAddress, WebConfig, parse_listen_address
 from checkpoint_exporter.model import Snapshot
+from checkpoint_exporter.webconfig import WebSecurity
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +29,24 @@ class _DualStackServer(ThreadingHTTPServer):
     daemon_threads = True
     # Prometheus restarts scrapes quickly after an exporter restart; don't wait out TIME_WAIT.
     allow_reuse_address = True
+    tls: ssl.SSLContext | None = None
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        """TLS is negotiated here, on the connection's own thread, so a slow or hostile client
+        never holds up accept()."""
+        if self.tls is None:
+            super().finish_request(request, client_address)
+            return
+        request.settimeout(10)
+        try:
+            secured = self.tls.wrap_socket(request, server_side=True)
+        except (ssl.SSLError, OSError) as error:
+            log.debug("TLS handshake with %s failed: %s", client_address, error)
+            return
+        try:
+            super().finish_request(secured, client_address)
+        finally:
+            secured.close()
 
     def server_bind(self) -> None:
         if self.address_family == socket.AF_INET6 and self.server_address[0] == "::":
@@ -59,8 +81,10 @@ class MetricsServer:
         registry: CollectorRegistry,
         snapshot: Callable[[], Snapshot],
         cache_renders: bool = True,
+        security: WebSecurity | None = None,
     ) -> None:
         self.web = web
+        self.security = security or WebSecurity()
         # The exposition of an immutable snapshot never changes: render it once per snapshot
         # and format. Off when live process metrics are exported alongside.
         self.cache_renders = cache_renders
@@ -68,6 +92,7 @@ class MetricsServer:
         address = parse_listen_address(web.listen_address)
         handler = type("_BoundHandler", (_Handler,), {"exporter": self})
         self._httpd = _bind(address.host, address.port, handler)
+        self._httpd.tls = self.security.tls
         self.registry = registry
         self.snapshot = snapshot
         self._thread: threading.Thread | None = None
@@ -82,7 +107,8 @@ class MetricsServer:
         address = self.address
         if address.host in ("::", "0.0.0.0"):
             address = ListenAddress("localhost", address.port)
-        return f"http://{address}{self.web.telemetry_path}"
+        scheme = "https" if self.security.tls is not None else "http"
+        return f"{scheme}://{address}{self.web.telemetry_path}"
 
     def render(self, encoder: Callable[[CollectorRegistry], bytes], content_type: str) -> bytes:
         if not self.cache_renders:
@@ -128,6 +154,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _respond(self, head: bool) -> None:
         self._head = head
+        if self.exporter.security.users and not self._authenticated():
+            self._send(401, "text/plain; charset=utf-8", b"unauthorized\n", challenge=True)
+            return
         path = urlsplit(self.path).path
         web = self.exporter.web
         if path == web.telemetry_path:
@@ -139,6 +168,16 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, "text/html; charset=utf-8", page.encode())
         else:
             self._send(404, "text/plain; charset=utf-8", b"not found\n")
+
+    def _authenticated(self) -> bool:
+        scheme, _, credentials = self.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "basic":
+            return False
+        try:
+            user, _, password = base64.b64decode(credentials, validate=True).decode().partition(":")
+        except (ValueError, UnicodeDecodeError):
+            return False
+        return self.exporter.security.authorized(user, password)
 
     def _metrics(self) -> None:
         encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
@@ -154,9 +193,18 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(200, content_type, body, encoding)
 
     def _send(
-        self, status: int, content_type: str, body: bytes, encoding: str | None = None
+        self,
+        status: int,
+        content_type: str,
+        body: bytes,
+        encoding: str | None = None,
+        challenge: bool = False,
     ) -> None:
         self.send_response(status)
+        for name, value in self.exporter.security.headers.items():
+            self.send_header(name, value)
+        if challenge:
+            self.send_header("WWW-Authenticate", 'Basic realm="checkpoint-exporter"')
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
         if encoding:
