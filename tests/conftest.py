@@ -106,6 +106,15 @@ class Exporter:
         except urllib.error.HTTPError as error:
             return Response(error.code, dict(error.headers), error.read())
 
+    def metrics(self) -> str:
+        reply = self.get("/metrics")
+        assert reply.status == 200, reply
+        return reply.text
+
+    def value(self, name: str, **labels: str) -> float | None:
+        """One sample from a fresh scrape (labels not given may have any value)."""
+        return sample(self.metrics(), name, **labels)
+
     def stop(self, signum: int = signal.SIGTERM) -> tuple[int, float]:
         started = time.monotonic()
         self.process.send_signal(signum)
@@ -125,8 +134,13 @@ class Exporter:
 def exporter() -> Iterator[type[Exporter]]:
     started: list[Exporter] = []
 
-    def start(*args: str, cwd: Path | None = None) -> Exporter:
-        instance = Exporter(*args, cwd=cwd)
+    def start(
+        *args: str,
+        cwd: Path | None = None,
+        prefix: list[str] | None = None,
+        env: dict[str, str] | None = None,
+    ) -> Exporter:
+        instance = Exporter(*args, cwd=cwd, prefix=prefix, env=env)
         started.append(instance)
         return instance
 

@@ -2,72 +2,27 @@
 
 This is the issue's "done when": each commit of `dcp.save` and `dcp.async_save` shows in
 /metrics within a second (inotify) with the right step, size, file count and validity; a save
-killed mid-commit ends aborted while the previous generation stays the last committed; broken
+killed mid-commit is in tests/faults/test_process_faults.py; broken
 and hostile generations are judged invalid without the exporter running anything.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import queue
 import shutil
-import signal
-import subprocess
-import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, Exporter, sample, wait_for, write_config
-
-WRITER = REPO / "tests" / "helpers" / "dcp_writer.py"
-
-
-class Writer:
-    """The DCP job in its own process group, its JSON lines on a queue."""
-
-    def __init__(self, root: Path, *args: str):
-        self.process = subprocess.Popen(
-            [sys.executable, str(WRITER), str(root), *args],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )
-        self.lines: queue.Queue[dict] = queue.Queue()
-        threading.Thread(target=self._pump, daemon=True).start()
-
-    def _pump(self) -> None:
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            if line.startswith("{"):
-                self.lines.put(json.loads(line))
-
-    def next(self, timeout: float = 120) -> dict:
-        try:
-            return self.lines.get(timeout=timeout)
-        except queue.Empty:
-            stderr = self.process.stderr.read() if self.process.poll() is not None else ""
-            raise AssertionError(
-                f"writer printed nothing for {timeout} s: {stderr[-2000:]}"
-            ) from None
-
-    def kill(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.wait(timeout=30)
-        for stream in (self.process.stdout, self.process.stderr):
-            if stream:
-                stream.close()
+from tests.conftest import Exporter, sample, wait_for, write_config
+from tests.helpers.writer import Writer
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("live")
-    for job in ("live", "killed", "broken"):
+    for job in ("live", "broken"):
         (root / job).mkdir()
     config = write_config(
         root,
@@ -75,7 +30,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
 defaults: {interval: 1m, deadline: 20s}
 jobs:
   - {name: live, path: live, watch: inotify}
-  - {name: killed, path: killed, deadline: 3s}
   - {name: broken, path: broken, layout: dcp}
 """,
     )
@@ -142,40 +96,6 @@ def test_each_commit_is_visible_within_a_second(cluster) -> None:
         )
     finally:
         writer.kill()
-
-
-def test_a_save_killed_mid_commit_is_aborted(cluster) -> None:
-    root, exporter = cluster
-    writer = Writer(
-        root / "killed", "--steps", "2", "--first-step", "10", "--step-every", "10",
-        "--interval", "0.5", "--hang-in-finish", "20",
-    )  # fmt: skip
-    try:
-        assert writer.next()["step"] == 10
-        assert writer.next()["event"] == "in-finish"  # shards of step 20 written, no .metadata
-        wait_for(
-            lambda: (
-                sample(metrics(exporter), "checkpoint_saves_in_progress", training_job="killed")
-                == 1
-            )
-        )
-    finally:
-        writer.kill()
-    started = time.monotonic()
-    wait_for(
-        lambda: (
-            sample(metrics(exporter), "checkpoint_saves_aborted_total", training_job="killed") == 1
-        ),
-        timeout=15,
-    )
-    assert time.monotonic() - started < 8  # the 3 s deadline, plus a scan
-    time.sleep(1.5)  # the abort is counted once, not on every scan
-    text = metrics(exporter)
-    assert sample(text, "checkpoint_saves_aborted_total", training_job="killed") == 1
-    assert sample(text, "checkpoint_last_committed_step", training_job="killed") == 10
-    assert sample(text, "checkpoint_last_committed_valid", training_job="killed") == 1
-    assert sample(text, "checkpoint_saves_in_progress", training_job="killed") == 0
-    assert not (root / "killed" / "step-20" / ".metadata").exists()
 
 
 def _publish(source: Path, target: Path) -> None:

@@ -73,13 +73,22 @@ class _Discovery:
     reported: set[str] = field(default_factory=set)
 
 
+def _identity(path: str) -> tuple[int, int] | None:
+    try:
+        status = os.lstat(path)
+    except OSError:
+        return None
+    return status.st_dev, status.st_ino
+
+
 class Validator:
     """Runs structural checks on a worker thread; verdicts are collected by the scanner."""
 
     def __init__(self, limits: Limits):
         self.limits = limits
         self._requests: queue.Queue[tuple[ValidationRequest, str] | None] = queue.Queue()
-        self.verdicts: queue.Queue[tuple[ValidationRequest, Verdict]] = queue.Queue()
+        # A None verdict: the generation moved or vanished while read; judge it again later.
+        self.verdicts: queue.Queue[tuple[ValidationRequest, Verdict | None]] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="validator", daemon=True)
 
     def start(self) -> None:
@@ -95,10 +104,18 @@ class Validator:
     def _run(self) -> None:
         while (item := self._requests.get()) is not None:
             request, root = item
+            target = os.path.join(root, request.generation)
+            before = _identity(target)
             try:
                 verdict = validate(root, request.found.checks, self.limits)
             except Exception:
                 log.exception("validation of %s/%s failed", root, request.generation)
+                continue
+            if not verdict.valid and (before is None or _identity(target) != before):
+                # Renamed, replaced or deleted under the reader (retention, a writer's rename):
+                # what was missing is not the checkpoint's fault.
+                log.debug("job=%s generation=%s moved while read", request.job, request.generation)
+                self.verdicts.put((request, None))
                 continue
             if not verdict.valid:
                 log.warning(
@@ -136,7 +153,10 @@ class Scanner:
         self.validator = Validator(
             Limits(checksum_bytes_per_second=config.scan.checksum_bytes_per_second)
         )
-        self.watcher = watcher_factory(self._changed, self._overflowed) if watcher_factory else None
+        self.watcher = None
+        if watcher_factory is not None:
+            self.watcher = watcher_factory(self._changed, self._overflowed, self._lost)
+        self._lost_watches: dict[str, str] = {}  # job -> why its inotify watch was given up
         self.spool = SpoolReader(config.spool, config.spool_retention)
         self._sources: dict[str, _Source] = {}
         self._discoveries = [_Discovery(entry) for entry in config.discover]
@@ -192,6 +212,27 @@ class Scanner:
         log.warning("inotify queue overflowed below %s: reconciling", path or "a watch")
         self._wake.set()
 
+    def _lost(self, key: str, reason: str) -> None:
+        with self._lock:
+            self._lost_watches[key] = reason
+        self._wake.set()
+
+    def _fall_back_to_polling(self) -> None:
+        """Jobs whose tree grew past the inotify limits are polled from now on (scanner thread)."""
+        with self._lock:
+            lost, self._lost_watches = self._lost_watches, {}
+        for name, reason in lost.items():
+            source = self._sources.get(name)
+            if source is None or self.watcher is None:
+                continue
+            self.watcher.unwatch(name)
+            for tier in source.tiers:
+                if tier.mode == INOTIFY:
+                    tier.mode, tier.reason = POLL, reason
+            log.warning("job=%s: %s; polling instead", name, reason)
+            source.reconcile = True  # what changed unwatched is found by a full read
+            self._publish_paths(name, source.tiers)
+
     # --- jobs --------------------------------------------------------------------------------
 
     def _add(
@@ -211,7 +252,9 @@ class Scanner:
                 watched.path, budget, layouts.ALL_CONTENT_FILES, self.config.scan.max_depth
             )
             if mode == INOTIFY and self.watcher is not None:
-                failure = self.watcher.watch(name, watched.path)
+                failure = self.watcher.watch(
+                    name, watched.path, max_depth=self.config.scan.max_depth
+                )
                 if failure is not None:
                     mode, reason = POLL, failure
                     log.warning("job=%s path=%s: %s; polling instead", name, watched.path, failure)
@@ -229,6 +272,9 @@ class Scanner:
         self._sources[name] = source
         if name not in self.tracker.jobs:
             self.tracker.add(JobTracker(name, paths, policy))
+        self._publish_paths(name, tiers)
+
+    def _publish_paths(self, name: str, tiers: list[_Tier]) -> None:
         job = self.tracker.jobs[name]
         job.paths = tuple(
             WatchedPath(tier.tier, tier.path, tier.mode, tier.mountpoint) for tier in tiers
@@ -294,6 +340,7 @@ class Scanner:
             self._reconcile_all_at = now + self.config.scan.reconcile_interval
             for source in self._sources.values():
                 source.reconcile = True
+        self._fall_back_to_polling()
         with self._lock:
             dirty, self._dirty = self._dirty, set()
         self._read_spool()  # before the disk: a save's start is filed before its commit is seen
@@ -400,7 +447,13 @@ class Scanner:
             except queue.Empty:
                 return
             job = self.tracker.jobs.get(request.job)
-            if job is not None:
+            if job is None:
+                continue
+            if verdict is None:
+                job.retry_validation(request)
+                with self._lock:
+                    self._dirty.add(request.job)  # rescan: the move shows up, or it is judged again
+            else:
                 job.apply_verdict(request, verdict)
 
     def _daemon_state(self) -> DaemonState:

@@ -425,6 +425,12 @@ class JobTracker:
             return  # gone, or changed since: a fresh request is already on its way
         self._verdict(gen, verdict)
 
+    def retry_validation(self, request: ValidationRequest) -> None:
+        """The generation moved while it was read: ask again on the next scan."""
+        gen = self._gens.get((request.tier, request.generation))
+        if gen is not None and gen.pending == request.signature:
+            gen.pending = None
+
     def _verdict(self, gen: _Gen, verdict: Verdict) -> None:
         first_verdict_of_history = gen.history and gen.validated is None
         gen.valid, gen.invalid_reason = verdict.valid, verdict.reason
