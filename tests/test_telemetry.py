@@ -176,6 +176,20 @@ def test_a_lost_gpu_stops_reporting_without_taking_the_others(fake_nvml, caplog)
         source.sample()
 
 
+def test_nvml_disappearing_mid_run_is_reinitialised_when_back(fake_nvml, caplog) -> None:
+    gpus = [{"util": 10, "memory_used": 1}, {"util": 20, "memory_used": 1}]
+    fake_nvml(init="ok", gpus=gpus)
+    source = GpuSource()
+    assert len(source.sample()) == 4
+    fake_nvml(init="driver_not_loaded", gpus=gpus)  # device calls fail, and so would init
+    for _ in range(3):
+        with pytest.raises(NoDataError):
+            source.sample()
+    assert caplog.text.count("GPU telemetry lost") == 1
+    fake_nvml(init="ok", gpus=gpus[:1])  # back, with one GPU fewer: a fresh session
+    assert set(source.sample()) == {("0", "utilization"), ("0", "memory_used_bytes")}
+
+
 # --- the whole chain: a real exporter on the fixture node -------------------------------------
 
 

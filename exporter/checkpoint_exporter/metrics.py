@@ -229,6 +229,13 @@ RETAINED_VALID_GENERATIONS = MetricSpec(
     "Committed generations on the durable tier that passed structural validation.",
     _JOB,
 )
+STORAGE_CLOCK_SKEW = MetricSpec(
+    "checkpoint_storage_clock_skew_seconds",
+    "gauge",
+    "Newest file mtime minus this node's clock when the change was seen, the largest of the "
+    "last 16 changes: positive when the storage's clock runs ahead; includes detection latency.",
+    _JOB,
+)
 VALIDATION_FAILURES = MetricSpec(
     "checkpoint_validation_failures_total",
     "counter",
@@ -435,6 +442,7 @@ ALL: tuple[MetricSpec, ...] = (
     RETAINED_GENERATIONS,
     RETAINED_BYTES,
     RETAINED_VALID_GENERATIONS,
+    STORAGE_CLOCK_SKEW,
     VALIDATION_FAILURES,
     LAST_SAVE_NETWORK_TRANSMIT,
     LAST_SAVE_NETWORK_PEAK,

@@ -37,6 +37,7 @@ ALERTS: dict[str, tuple[str, str, str]] = {
     "CheckpointDeadlineBudgetBurn": (WARNING, "15m", "Checkpoint deadline misses are burning the SLO's error budget too fast."),
     "CheckpointRetentionExceeded": (WARNING, "1h", "More checkpoint generations are retained than the job's limit."),
     "CheckpointNoRecoverableGeneration": (CRITICAL, "5m", "The job has no committed, valid checkpoint generation left."),
+    "CheckpointStorageClockSkew": (WARNING, "15m", "Checkpoint file times disagree with the node's clock by more than a minute."),
 }  # fmt: skip
 
 

@@ -114,6 +114,7 @@ class JobState:
     lost_generations: int = 0
     recent_saves: tuple[SaveRecord, ...] = ()  # oldest first
     recent_restores: tuple[RestoreRecord, ...] = ()
+    storage_clock_skew: float | None = None  # file mtimes minus this node's clock, seconds
 
 
 @dataclass(frozen=True)

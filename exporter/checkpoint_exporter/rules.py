@@ -147,6 +147,9 @@ def _alert_exprs(c: MixinConfig) -> dict[str, str]:
         "CheckpointNoRecoverableGeneration": (
             f"{VALID_GENERATIONS} == 0\nand max_over_time({VALID_GENERATIONS}[1d]) > 0"
         ),
+        "CheckpointStorageClockSkew": (
+            f"max by ({cl}, instance, training_job) (abs(checkpoint_storage_clock_skew_seconds{s})) > 60"
+        ),
     }  # fmt: skip
 
 
@@ -169,6 +172,7 @@ _DESCRIPTIONS = {
     "CheckpointDeadlineBudgetBurn": "{{ $labels.training_job }}: {{ $value | humanizePercentage }} of saves miss the deadline, against an SLO of {target}.",
     "CheckpointRetentionExceeded": "{{ $labels.training_job }}: {{ $value }} generations are retained, more than its limit.",
     "CheckpointNoRecoverableGeneration": "{{ $labels.training_job }}: no committed checkpoint that passes validation is left to restore from.",
+    "CheckpointStorageClockSkew": "{{ $labels.training_job }} on {{ $labels.instance }}: file times are {{ $value | humanizeDuration }} off this node's clock; ages, and time windows from disk alone, are off by as much.",
 }  # fmt: skip
 
 

@@ -45,6 +45,8 @@ from checkpoint_exporter.validate import Verdict
 # adds its own deadline, the boundary its SLO counts against.
 DURATION_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600)
 RECENT = 12  # saves and restores each job remembers for the landing page
+SKEW_SAMPLES = 16  # changes whose mtime-versus-local-clock offsets estimate the storage's skew
+SKEW_TOLERANCE = 2.0  # offsets this small are detection latency, not a clock to correct
 # A save or restore whose ranks never all report is given up after this long.
 SAVE_TIMELINE_EXPIRY = 3600.0
 RESTORE_EXPIRY = 6 * 3600.0
@@ -150,6 +152,9 @@ class JobTracker:
     recent_saves: deque[SaveRecord] = field(default_factory=lambda: deque(maxlen=RECENT))
     recent_restores: deque[RestoreRecord] = field(default_factory=lambda: deque(maxlen=RECENT))
     _staged_counted: dict[str, int] | None = None  # None until both tiers were scanned once
+    # Newest mtime of each change minus the local time it was seen: the storage clock's offset
+    # plus detection latency, so the largest recent sample is the best estimate of the offset.
+    _skew_samples: deque[float] = field(default_factory=lambda: deque(maxlen=SKEW_SAMPLES))
     _drained_counted: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
@@ -193,6 +198,8 @@ class JobTracker:
 
     def _new(self, tier: str, item: Found, now: float, first: bool) -> _Gen:
         gen = _Gen(item, tier, item.state, item.start_time, now, history=first)
+        if not first:
+            self._skew_samples.append(item.last_write_time - now)
         self._gens[(tier, item.id)] = gen
         if first:
             # History: final states set gauges only; a save whose own files stopped changing
@@ -210,6 +217,8 @@ class JobTracker:
     def _update(self, gen: _Gen, item: Found, now: float) -> None:
         if (item.bytes, item.files, item.last_write_time) != gen.signature:
             gen.progress_at = now
+            if item.last_write_time != gen.found.last_write_time:
+                self._skew_samples.append(item.last_write_time - now)
         gen.start_time = min(gen.start_time, item.start_time)
         gen.found = item
         if item.state == COMMITTED and gen.state != COMMITTED:
@@ -249,16 +258,31 @@ class JobTracker:
         staged = self._gens.get((STAGING, gen.found.id))
         if staged is not None:  # a two-tier save started when its staging copy did
             gen.start_time = min(gen.start_time, staged.start_time)
-        duration = max(0.0, commit - gen.start_time)  # skewed mtimes never go negative
+        duration = max(0.0, commit - gen.start_time)  # both mtimes: one clock, never negative
         key = self._save_key(gen)
         if key in self._accounted:
             return  # its events already told the whole story
         timeline = self.clocks.saves.get(key) if key else None
         if timeline is not None:
-            # Its ranks know the phases; the durable commit is where a two-tier save ends.
-            timeline.disk_total, timeline.durable_commit = duration, commit
+            # Its ranks know the phases, on this node's clock; the durable commit, moved onto
+            # that clock, is where a two-tier save ends.
+            timeline.disk_total, timeline.durable_commit = duration, self.local_time(commit)
             return  # the next tick settles it
-        self._account({"total": duration}, live=True, key=key, window=(gen.start_time, commit))
+        window = (self.local_time(gen.start_time), self.local_time(commit))
+        self._account({"total": duration}, live=True, key=key, window=window)
+
+    @property
+    def storage_clock_skew(self) -> float | None:
+        return max(self._skew_samples) if self._skew_samples else None
+
+    def local_time(self, mtime: float) -> float:
+        """A storage timestamp on this node's clock, once the offset is clearly more than the
+        detection latency (telemetry windows and event timelines run on the local clock)."""
+        skew = self.storage_clock_skew
+        tolerance = max(SKEW_TOLERANCE, self.policy.poll_interval + 1.0)
+        if skew is None or abs(skew) <= tolerance:
+            return mtime
+        return mtime - skew
 
     def _save_key(self, gen: _Gen) -> SaveKey | None:
         """The key under which this generation's spool events are filed."""
@@ -490,6 +514,7 @@ class JobTracker:
             lost_generations=self.lost_generations,
             recent_saves=tuple(self.recent_saves),
             recent_restores=tuple(self.recent_restores),
+            storage_clock_skew=self.storage_clock_skew,
         )
 
 

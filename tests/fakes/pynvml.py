@@ -2,7 +2,7 @@
 and error classes, with the device calls answered from a JSON state file
 (``$FAKE_NVML_STATE``, re-read on every call so a test can change a GPU mid-run)::
 
-    {"init": "ok" | "library_not_found" | "driver_not_loaded",
+    {"init": "ok" | "library_not_found" | "driver_not_loaded",  # not ok: device calls fail too
      "gpus": [{"util": 40, "memory_used": 1024, "pcie": [tx_bytes, rx_bytes] | "not_supported",
                "lost": false}]}
 
@@ -43,7 +43,10 @@ def _state() -> dict:
 
 
 def _gpu(handle: int) -> dict:
-    gpus = _state().get("gpus", [])
+    state = _state()
+    if state.get("init", "ok") != "ok":  # the driver went away under a running process
+        raise _real.NVMLError(_real.NVML_ERROR_UNKNOWN)
+    gpus = state.get("gpus", [])
     if handle >= len(gpus) or gpus[handle].get("lost"):
         raise _real.NVMLError(_real.NVML_ERROR_GPU_IS_LOST)
     return gpus[handle]

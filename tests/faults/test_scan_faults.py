@@ -133,3 +133,65 @@ def test_generations_renamed_back_and_forth(tmp_path: Path, exporter) -> None:
     failures = {k: v for k, v in parse_samples(text).items() if "validation_failures" in k}
     assert failures and not any(failures.values()), failures
     assert sample(text, "checkpoint_retained_generations", training_job="j") == 1
+
+
+def _skewed_generation(staging: Path, skew: float) -> Path:
+    """A DCP generation stamped by a file server whose clock is ``skew`` seconds off."""
+    dcp_generation(staging)
+    stamp = time.time() + skew
+    for path in (*staging.iterdir(), staging):
+        os.utime(path, (stamp, stamp))
+    return staging
+
+
+def test_storage_clocks_ahead_and_behind(tmp_path: Path, exporter) -> None:
+    """Five minutes of skew either way: no negative duration, no false deadline miss, and the
+    skew is reported."""
+    ahead, behind, spool = (
+        tmp_path / "ahead" / "job",
+        tmp_path / "behind" / "job",
+        tmp_path / "spool",
+    )
+    ahead.mkdir(parents=True)
+    behind.mkdir(parents=True)
+    config = write_config(tmp_path, f"""
+spool: {spool}
+defaults: {{deadline: 60s, layout: dcp}}
+jobs:
+  - {{name: ahead, path: {ahead}}}
+  - {{name: behind, path: {behind}}}
+""")  # fmt: skip
+    served = exporter("--config.file", str(config))
+    from checkpoint_exporter import instrument
+
+    with instrument.saving(training_job="ahead", step=1, spool=str(spool)) as save:
+        save.staged()
+        save.resume()
+        os.rename(_skewed_generation(tmp_path / "staging" / "a", +300), ahead / "step-1")
+        save.written()
+    # No events for this one: timed from the disk alone.
+    os.rename(_skewed_generation(tmp_path / "staging" / "b", -300), behind / "step-1")
+
+    def settled() -> bool:
+        text = served.metrics()
+        return all(
+            sample(text, "checkpoint_save_duration_seconds_count", training_job=job, phase="total")
+            == 1
+            for job in ("ahead", "behind")
+        )
+
+    wait_for(settled)
+    time.sleep(1.0)  # past the clocks' settling time
+    text = served.metrics()
+    skew = "checkpoint_storage_clock_skew_seconds"
+    assert 290 < sample(text, skew, training_job="ahead") <= 301
+    assert -301 <= sample(text, skew, training_job="behind") < -290
+    for job in ("ahead", "behind"):
+        assert sample(text, "checkpoint_deadline_misses_total", training_job=job) == 0, job
+        total = sample(text, "checkpoint_last_save_phase_seconds", training_job=job, phase="total")
+        assert 0 <= total < 10, (job, total)
+        histogram = "checkpoint_save_duration_seconds_sum"
+        assert 0 <= sample(text, histogram, training_job=job, phase="total") < 10, job
+        assert sample(text, "checkpoint_saves_aborted_total", training_job=job) == 0, job
+    phases = parse_samples(text)
+    assert not [k for k, v in phases.items() if "phase_seconds" in k and v < 0], phases

@@ -38,7 +38,7 @@ class CheckpointsCollector(metrics.SnapshotCollector):
             metrics.SAVE_DURATION, metrics.LAST_SAVE_PHASE, metrics.LAST_SAVE_WRITE_END,
             metrics.LAST_SAVE_WRITE_SPREAD, metrics.RETAINED_GENERATIONS,
             metrics.RETAINED_BYTES, metrics.RETAINED_VALID_GENERATIONS,
-            metrics.VALIDATION_FAILURES,
+            metrics.VALIDATION_FAILURES, metrics.STORAGE_CLOCK_SKEW,
         )  # fmt: skip
         out = {spec: spec.family() for spec in specs}
         for job in snapshot.jobs:
@@ -87,6 +87,8 @@ class CheckpointsCollector(metrics.SnapshotCollector):
         out[metrics.RETAINED_VALID_GENERATIONS].add_metric(
             name, sum(1 for gen in retained if gen.valid)
         )
+        if job.storage_clock_skew is not None:
+            out[metrics.STORAGE_CLOCK_SKEW].add_metric(name, job.storage_clock_skew)
         failures = dict(job.validation_failures)
         for reason in REASONS:
             out[metrics.VALIDATION_FAILURES].add_metric([job.name, reason], failures.get(reason, 0))

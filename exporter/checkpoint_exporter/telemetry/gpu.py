@@ -17,7 +17,7 @@ from checkpoint_exporter.telemetry.base import Sample
 
 log = logging.getLogger(__name__)
 
-RETRY_INIT_SECONDS = 60.0
+RETRY_INIT_SECONDS = 10.0  # nvmlInit failing costs a millisecond
 _PCIE_FIELDS = (("pcie_tx_bytes", 197), ("pcie_rx_bytes", 198))  # NVML_FI_DEV_PCIE_COUNT_*
 
 
@@ -66,6 +66,7 @@ class GpuSource:
             raise NoDataError("NVML unavailable")
         nvml = self._nvml
         out: Sample = {}
+        failed: list[str] = []
         for index, handle in self._handles:
             if index in self._lost:
                 continue
@@ -78,12 +79,22 @@ class GpuSource:
                     level=logging.WARNING,
                 )  # fmt: skip
             except nvml.NVMLError as error:
+                failed.append(f"GPU {index}: {error}")
                 self._once(f"error:{index}:{type(error).__name__}", "GPU %s: %s", index, error)
-        if len(self._lost) == len(self._handles):
-            self._handles = []  # every GPU gone (driver unloaded?): start over later
+        if not out and (failed or len(self._lost) == len(self._handles)):
+            # Every GPU gone or failing: the driver was unloaded or reset under us. Handles from
+            # the old session are worthless; initialise NVML afresh later.
+            self._restart("; ".join(failed) or "every GPU is lost")
         if not out:
             raise NoDataError("no GPU answered")
         return out
+
+    def _restart(self, reason: str) -> None:
+        log.warning("GPU telemetry lost (%s); retrying every %.0f s", reason, RETRY_INIT_SECONDS)
+        self.close()
+        self._nvml, self._handles, self._lost = None, [], set()
+        self._logged = {key for key in self._logged if not key.startswith(("init:", "error:"))}
+        self._next_init = time.monotonic() + RETRY_INIT_SECONDS
 
     def _device(self, nvml: Any, index: str, handle: Any) -> Sample:
         out: Sample = {}
