@@ -8,13 +8,14 @@ PYTEST_ARGS ?=
 CODE := exporter tests bench
 
 .DEFAULT_GOAL := help
-.PHONY: help venv toolchain test lint generate bench demo clean
+.PHONY: help venv toolchain test lint generate bench fuzz demo clean
 
 help:
 	@echo "make demo      a simulated cluster watched by the exporter; prints the URLs"
 	@echo "make test      set up (virtualenv, package, Prometheus toolchain) and run the tests"
 	@echo "make generate  rebuild the committed generated files"
 	@echo "make bench     run the benchmarks (bench/), write bench/results/"
+	@echo "make fuzz      10,000 hostile inputs per untrusted-input reader; crashes join the corpus"
 	@echo "make lint      ruff check and format check"
 
 $(INSTALLED): pyproject.toml
@@ -45,6 +46,15 @@ generate: venv
 
 bench: venv
 	$(BIN)/python bench/run.py
+
+# Every reader of untrusted input (DCP metadata, layouts, spool, config and web config files)
+# against FUZZ_EXAMPLES generated and mutated inputs each, under a 4 GiB address-space limit
+# so an allocation bomb fails instead of swapping. A crashing input is saved into
+# tests/fuzz/corpus/, which the normal suite replays.
+FUZZ_EXAMPLES ?= 10000
+fuzz: venv
+	ulimit -v 4194304 && FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest tests/fuzz \
+		-k "not corpus" -p no:cacheprovider --hypothesis-show-statistics -q --timeout=1800
 
 # A small simulated cluster on this machine, watched by the real exporter (and by Prometheus and
 # Alertmanager when installed). Ctrl-C stops everything; DEMO_ARGS="--workdir DIR" keeps the files.

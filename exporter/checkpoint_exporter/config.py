@@ -381,8 +381,9 @@ class YamlDocument:
 
 def read_yaml(text: str, file: str) -> YamlDocument:
     """Plain data from YAML text, with each key's line; problems are collected, not raised."""
-    loader = yaml.SafeLoader(text)
+    loader = None
     try:
+        loader = yaml.SafeLoader(text)  # rejects NUL and other control characters itself
         node = loader.get_single_node()
         if node is None:
             return YamlDocument(None)
@@ -405,8 +406,14 @@ def read_yaml(text: str, file: str) -> YamlDocument:
         return YamlDocument(None, problems=[ConfigProblem(file, "", _yaml_reason(error), line)])
     except yaml.YAMLError as error:
         return YamlDocument(None, problems=[ConfigProblem(file, "", _yaml_reason(error))])
+    except RecursionError:
+        reason = "nested too deeply to be a configuration; refusing to load"
+        return YamlDocument(None, problems=[ConfigProblem(file, "", reason)])
+    except ValueError as error:  # e.g. a number of more digits than int() converts
+        return YamlDocument(None, problems=[ConfigProblem(file, "", str(error))])
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 # --- validation ------------------------------------------------------------------------------

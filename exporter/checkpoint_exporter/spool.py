@@ -9,9 +9,7 @@ not a watched checkpoint path).
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 import os
 import stat
 import time
@@ -21,6 +19,7 @@ from pathlib import Path
 
 from checkpoint_exporter import fsread
 from checkpoint_exporter.instrument import EVENTS, SCHEMA_VERSION
+from checkpoint_exporter.untrusted import finite_number, json_value
 
 log = logging.getLogger(__name__)
 
@@ -141,8 +140,8 @@ class SpoolReader:
             self.invalid_total["too_long"] += 1
             return
         try:
-            record = json.loads(line)
-        except (ValueError, UnicodeDecodeError):
+            record = json_value(line)
+        except ValueError:
             self.invalid_total["not_json"] += 1
             return
         event = _validate(record, job)
@@ -175,7 +174,7 @@ def _validate(record: object, job: str) -> Event | str:
     step, path = record.get("step"), record.get("path")
     size, error = record.get("bytes"), record.get("error")
     checks = (
-        isinstance(ts, (int, float)) and not isinstance(ts, bool) and math.isfinite(ts),
+        finite_number(ts) is not None,
         record.get("training_job") == job,  # a job writes only into its own directory
         _is_int(rank) and rank >= 0 and _is_int(world) and world >= 1,
         step is None or (_is_int(step) and step >= 0),
@@ -185,8 +184,10 @@ def _validate(record: object, job: str) -> Event | str:
     )
     if not all(checks):
         return "schema"
+    timestamp = finite_number(ts)
+    assert timestamp is not None  # checked above
     return Event(
-        ts=float(ts),
+        ts=timestamp,
         event=record["event"],
         training_job=job,
         step=step,

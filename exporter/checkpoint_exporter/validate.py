@@ -8,7 +8,6 @@ Everything is read through ``fsread`` (read-only, no symlinks, no FIFOs).
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import struct
 import time
@@ -26,6 +25,7 @@ from checkpoint_exporter.layouts.base import (
     Check,
 )
 from checkpoint_exporter.listing import Dir
+from checkpoint_exporter.untrusted import json_value
 
 MISSING_SHARD = "missing_shard"
 TRUNCATED_SHARD = "truncated_shard"
@@ -79,12 +79,14 @@ def validate(root: str, checks: Sequence[Check], limits: Limits | None = None) -
     return VALID
 
 
-def _size(path: str, relative: str, listing: Dir | None) -> int:
+def _listed_sizes(listing: Dir | None) -> dict[str, int]:
+    return listing.file_sizes() if listing is not None else {}
+
+
+def _size(path: str, relative: str, listed: dict[str, int]) -> int:
     """A file's size: the listing's, confirmed with one lstat when it looks too small or absent."""
-    if listing is not None and "/" not in relative:
-        known = listing.file(relative)
-        if known is not None:
-            return known[0]
+    if relative in listed:  # a name with "/" is never in one directory's listing
+        return listed[relative]
     try:
         return os.lstat(os.path.join(path, relative)).st_size
     except FileNotFoundError:
@@ -100,11 +102,12 @@ def _dcp(path: str, check: Check, limits: Limits) -> None:
             raise _Invalid(MISSING_SHARD, f"{name} is missing") from None
         except (dcp_metadata.MetadataError, OSError) as error:
             raise _Invalid(BAD_METADATA, f"{name}: {error}") from None
+        listed = _listed_sizes(check.listing)
         for relative, needed in sorted(metadata.shards.items()):
-            size = _size(path, relative, check.listing)
+            size = _size(path, relative, listed)
             if size < needed:
                 # The listing may predate the last write: look again before calling it truncated.
-                size = _size(path, relative, None)
+                size = _size(path, relative, {})
             if size < needed:
                 raise _Invalid(
                     TRUNCATED_SHARD, f"{relative} is {size} bytes, metadata needs {needed}"
@@ -156,10 +159,12 @@ def _safetensors(path: str, check: Check, limits: Limits) -> None:
         if header_length > min(_JSON_LIMIT, size):
             raise _Invalid(TRUNCATED_SHARD, f"{check.path}: header of {header_length} bytes")
         try:
-            header = json.loads(os.pread(fd, header_length, 8))
+            header = json_value(os.pread(fd, header_length, 8))
             ends = [
                 entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"
             ]
+            if not all(isinstance(end, int) and not isinstance(end, bool) for end in ends):
+                raise ValueError("data_offsets are not integers")
         except (ValueError, TypeError, KeyError, IndexError, AttributeError) as error:
             raise _Invalid(BAD_METADATA, f"{check.path}: unreadable header ({error})") from None
         needed = 8 + header_length + max(ends, default=0)
@@ -171,11 +176,16 @@ def _safetensors(path: str, check: Check, limits: Limits) -> None:
 
 def _json(path: str, label: str) -> object:
     try:
-        return json.loads(fsread.read_bytes(path, _JSON_LIMIT))
+        return json_value(fsread.read_bytes(path, _JSON_LIMIT))
     except FileNotFoundError:
         raise _Invalid(MISSING_SHARD, f"{label} is missing") from None
     except (OSError, ValueError) as error:
         raise _Invalid(BAD_METADATA, f"{label}: {error}") from None
+
+
+def _outside(name: str) -> bool:
+    """A path named inside a checkpoint's own files that would lead out of it."""
+    return os.path.isabs(name) or ".." in name.split("/") or "\0" in name
 
 
 def _safetensors_index(path: str, check: Check, limits: Limits) -> None:
@@ -183,11 +193,11 @@ def _safetensors_index(path: str, check: Check, limits: Limits) -> None:
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict):
         raise _Invalid(BAD_METADATA, f"{check.path} has no weight_map")
-    directory = os.path.dirname(path)
+    directory, listed = os.path.dirname(path), _listed_sizes(check.listing)
     for shard in sorted({str(name) for name in weight_map.values()}):
-        if os.path.isabs(shard) or ".." in shard.split("/"):
+        if _outside(shard):
             raise _Invalid(BAD_METADATA, f"{check.path} names {shard!r}, outside the checkpoint")
-        _size(directory, shard, check.listing)
+        _size(directory, shard, listed)
 
 
 def _integrity(path: str, check: Check, limits: Limits) -> None:
@@ -196,7 +206,12 @@ def _integrity(path: str, check: Check, limits: Limits) -> None:
     if not isinstance(files, dict) or manifest.get("algorithm", "sha256") != "sha256":
         raise _Invalid(BAD_METADATA, f"{check.path}/integrity.json is not a sha256 manifest")
     for name, expected in sorted(files.items()):
-        if not isinstance(name, str) or os.path.isabs(name) or ".." in name.split("/"):
+        if (
+            not isinstance(name, str)
+            or os.path.isabs(name)
+            or ".." in name.split("/")
+            or "\0" in name
+        ):
             raise _Invalid(BAD_METADATA, f"integrity.json names {name!r}, outside the checkpoint")
         try:
             actual = _sha256(os.path.join(path, name), limits.checksum_bytes_per_second)

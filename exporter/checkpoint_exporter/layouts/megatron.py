@@ -25,6 +25,7 @@ from checkpoint_exporter.layouts.base import (
     zip_checks,
 )
 from checkpoint_exporter.listing import Dir
+from checkpoint_exporter.untrusted import decimal
 
 NAME = "megatron"
 TRACKER = "latest_checkpointed_iteration.txt"
@@ -43,7 +44,7 @@ def tracked_iteration(root: Dir) -> int | str | None:
     text = content.decode("utf-8", "replace").strip()
     if text == RELEASE:
         return RELEASE
-    return int(text) if text.isdigit() else None
+    return decimal(text)
 
 
 def _complete(listing: Dir) -> tuple[bool, float | None, bool]:

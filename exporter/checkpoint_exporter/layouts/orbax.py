@@ -9,7 +9,6 @@ start and commit times when present.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import replace
 
@@ -23,6 +22,7 @@ from checkpoint_exporter.layouts.base import (
     generation,
 )
 from checkpoint_exporter.listing import Dir
+from checkpoint_exporter.untrusted import finite_number, json_value
 
 NAME = "orbax"
 TMP_SUFFIX = ".orbax-checkpoint-tmp"
@@ -38,15 +38,18 @@ def _timestamps(listing: Dir) -> tuple[float | None, float | None, bool]:
     if content is None:
         return None, None, False
     try:
-        data = json.loads(content)
-        init, commit = data.get("init_timestamp_nsecs"), data.get("commit_timestamp_nsecs")
-        return (
-            init / 1e9 if isinstance(init, (int, float)) else None,
-            commit / 1e9 if isinstance(commit, (int, float)) else None,
-            False,
-        )
-    except (ValueError, AttributeError, UnicodeDecodeError):
+        data = json_value(content)
+    except ValueError:
         return None, None, True
+    if not isinstance(data, dict):
+        return None, None, True
+    init = finite_number(data.get("init_timestamp_nsecs"))
+    commit = finite_number(data.get("commit_timestamp_nsecs"))
+    return (
+        init / 1e9 if init is not None else None,
+        commit / 1e9 if commit is not None else None,
+        False,
+    )
 
 
 def detect(root: Dir) -> int:

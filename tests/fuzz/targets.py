@@ -1,0 +1,124 @@
+"""What the fuzzer feeds: every reader of untrusted input, with the outcomes each may have.
+
+A target returns normally or raises the one error type its reader documents; anything else is a
+crash. Invariants that matter for safety (no path leaves the checkpoint tree, no event of
+another job, no negative sizes) are asserted on whatever comes back.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import os
+import posixpath
+import tempfile
+from array import array
+from pathlib import Path
+from typing import Any
+
+from checkpoint_exporter import dcp_metadata, layouts
+from checkpoint_exporter.config import ConfigError, parse_config
+from checkpoint_exporter.instrument import EVENTS
+from checkpoint_exporter.layouts.base import Options
+from checkpoint_exporter.listing import DIR, FILE, Dir
+from checkpoint_exporter.spool import SpoolReader
+from checkpoint_exporter.webconfig import load_web_config
+
+STATES = ("writing", "committed", "aborted")
+
+
+def _inside(path: str) -> bool:
+    return not path.startswith("/") and ".." not in posixpath.normpath(path or ".").split("/")
+
+
+def dcp_metadata_target(data: bytes) -> None:
+    try:
+        result = dcp_metadata.loads(data)
+    except dcp_metadata.MetadataError:
+        return
+    for relative, size in result.shards.items():
+        assert _inside(relative), relative
+        assert size >= 0
+
+
+def build_tree(spec: Any) -> Dir:
+    """A listing from a JSON tree spec: ["d", mtime, {name: entry}] with entries
+    ["f", size, mtime, base64 content or null], ["d", ...], ["l"] (symlink) or ["o"] (other)."""
+    _, mtime, children = spec
+    names, kinds = [], []
+    sizes, mtimes = array("q"), array("d")
+    subdirs: dict[str, Dir] = {}
+    contents: dict[str, bytes] = {}
+    for name in sorted(children):
+        entry = children[name]
+        names.append(name)
+        kind = entry[0]
+        kinds.append(kind)
+        if kind == FILE:
+            sizes.append(entry[1])
+            mtimes.append(entry[2])
+            if entry[3] is not None:
+                contents[name] = base64.b64decode(entry[3])
+        else:
+            sizes.append(0)
+            mtimes.append(entry[1] if kind == DIR else 0.0)
+            if kind == DIR:
+                subdirs[name] = build_tree(entry)
+    return Dir(int(mtime * 1e9), tuple(names), "".join(kinds), sizes, mtimes, subdirs, contents)
+
+
+def layouts_target(spec_json: bytes) -> None:
+    try:
+        tree = build_tree(json.loads(spec_json))
+    except (ValueError, TypeError, KeyError, IndexError, OverflowError, RecursionError):
+        return  # a mutation broke the harness's own tree format: not an input to the layouts
+    layouts.detect(tree)
+    for layout in layouts.REGISTRY.values():
+        layout.detect(tree)
+        for found in layout.parse(tree, Options(verify_checksums=True)):
+            assert _inside(found.id), (layout.name, found.id)
+            assert found.state in STATES, found
+            assert found.bytes >= 0 and found.files >= 0, found
+            for check in found.checks:
+                assert _inside(check.path), (layout.name, check.path)
+
+
+def spool_target(data: bytes) -> None:
+    with tempfile.TemporaryDirectory(prefix="fuzz-spool-") as directory:
+        job = Path(directory) / "job"
+        job.mkdir()
+        (job / "node-1.jsonl").write_bytes(data)
+        reader = SpoolReader(Path(directory))
+        for event in reader.poll(0.0):
+            assert event.training_job == "job" and event.event in EVENTS, event
+            assert math.isfinite(event.ts) and event.rank >= 0 and event.world_size >= 1, event
+
+
+def config_target(data: bytes) -> None:
+    text = data.decode("utf-8", errors="replace")
+    with tempfile.TemporaryDirectory(prefix="fuzz-config-") as directory:
+        try:
+            parse_config(text, "fuzz.yaml", Path(directory))
+        except ConfigError as error:
+            assert error.problems, "a ConfigError names at least one problem"
+
+
+def web_config_target(data: bytes) -> None:
+    with tempfile.TemporaryDirectory(prefix="fuzz-web-") as directory:
+        path = os.path.join(directory, "web.yaml")
+        with open(path, "wb") as out:
+            out.write(data)
+        try:
+            load_web_config(path)
+        except ConfigError as error:
+            assert error.problems
+
+
+TARGETS = {
+    "dcp_metadata": dcp_metadata_target,
+    "layouts": layouts_target,
+    "spool": spool_target,
+    "config": config_target,
+    "web_config": web_config_target,
+}
