@@ -104,3 +104,53 @@ def test_an_unchanged_snapshot_is_rendered_once(tmp_path: Path) -> None:
         assert server.render(generate_latest, "text/plain") is not body
     finally:
         server.stop()
+
+
+def _without_durations(body: bytes) -> bytes:
+    """Scrape durations differ between any two renders; everything else must not."""
+    return b"\n".join(
+        line
+        for line in body.split(b"\n")
+        if not line.startswith(b"checkpoint_exporter_scrape_collector_duration_seconds{")
+    )
+
+
+def test_incremental_rendering_is_byte_identical_to_prometheus_client() -> None:
+    from prometheus_client.openmetrics.exposition import generate_latest as openmetrics
+
+    from checkpoint_exporter.exposition import Renderer
+    from checkpoint_exporter.model import DURABLE
+    from tests.helpers.synthetic import generations, synthetic_tracker
+
+    names = ['quote"job', "back\\slash", "new\nline", "plain", "carriage\rreturn"]
+    tracker = synthetic_tracker(6, 4, names)
+    collectors = [Broken(), *enabled_collectors({})]
+    registry = metrics.build_registry(lambda: tracker.snapshot, collectors)
+    renderer = Renderer(lambda: tracker.snapshot, collectors)
+    per_job = sum(1 for c in collectors if c.per_job)
+
+    def same() -> None:
+        for encoder in (generate_latest, openmetrics):
+            assert _without_durations(renderer.render(encoder)) == _without_durations(
+                encoder(registry)
+            ), encoder.__module__
+
+    same()
+    rendered = renderer.jobs_rendered
+    assert rendered == 2 * 6 * per_job  # every job once per encoder
+    same()
+    assert renderer.jobs_rendered == rendered  # nothing changed: nothing rendered again
+
+    # One job commits a new generation: only that job is rendered again.
+    job = tracker.jobs["plain"]
+    job.observe(DURABLE, generations(5, 2e9), 2e9)
+    tracker.publish()
+    same()
+    assert renderer.jobs_rendered == rendered + 2 * per_job
+    # Telemetry going away changes what the window collectors say for every job.
+    tracker.publish(telemetry=(("disk", False), ("gpu", True), ("network", True)))
+    same()
+    tracker.forget("plain")
+    tracker.publish()
+    same()
+    assert b'training_job="plain"' not in renderer.render(generate_latest)

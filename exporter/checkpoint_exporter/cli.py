@@ -235,6 +235,7 @@ class _StopSignal:
 def _serve(args: argparse.Namespace) -> int:
     from checkpoint_exporter.collectors import REGISTRY, enabled_collectors
     from checkpoint_exporter.config import ConfigError
+    from checkpoint_exporter.exposition import Renderer
     from checkpoint_exporter.metrics import build_registry
     from checkpoint_exporter.scanner import Scanner
     from checkpoint_exporter.server import MetricsServer
@@ -270,9 +271,14 @@ def _serve(args: argparse.Namespace) -> int:
     def snapshot() -> Any:
         return tracker.snapshot
 
-    registry = build_registry(snapshot, enabled_collectors(choices), args.runtime_metrics)
+    collectors = enabled_collectors(choices)
+    registry = build_registry(snapshot, collectors, args.runtime_metrics)
+    # Live process metrics change on every scrape: then the whole registry renders each time.
+    renderer = None if args.runtime_metrics else Renderer(snapshot, collectors)
     try:
-        server = MetricsServer(config.web, registry, snapshot, not args.runtime_metrics, security)
+        server = MetricsServer(
+            config.web, registry, snapshot, not args.runtime_metrics, security, renderer
+        )
     except OSError as error:
         log.error("cannot listen on %s: %s", config.web.listen_address, error.strerror or error)
         return EXIT_FAILURE

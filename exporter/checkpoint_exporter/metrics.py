@@ -485,6 +485,9 @@ class SnapshotCollector:
     """The small interface every collector implements: metric families from one Snapshot."""
 
     name: str = ""
+    # Its samples for a job depend only on that job (and on which telemetry sources have data),
+    # so exposition.Renderer may ask for one job at a time and keep unchanged jobs' lines.
+    per_job: bool = False
 
     def collect(self, snapshot: Snapshot) -> Iterable[Metric]:
         raise NotImplementedError

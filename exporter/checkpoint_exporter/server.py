@@ -19,6 +19,7 @@ from prometheus_client.registry import CollectorRegistry
 
 from checkpoint_exporter import __version__, landing
 from checkpoint_exporter.config import ListenAddress, WebConfig, parse_listen_address
+from checkpoint_exporter.exposition import Renderer
 from checkpoint_exporter.model import Snapshot
 from checkpoint_exporter.webconfig import WebSecurity
 
@@ -82,13 +83,16 @@ class MetricsServer:
         snapshot: Callable[[], Snapshot],
         cache_renders: bool = True,
         security: WebSecurity | None = None,
+        renderer: Renderer | None = None,
     ) -> None:
         self.web = web
+        self.renderer = renderer  # renders the registry's exporter part, reusing unchanged jobs
         self.security = security or WebSecurity()
         # The exposition of an immutable snapshot never changes: render it once per snapshot
         # and format. Off when live process metrics are exported alongside.
         self.cache_renders = cache_renders
-        self._rendered: tuple[Snapshot, str, bytes] | None = None
+        self._rendered: dict[str, tuple[Snapshot, bytes]] = {}  # content type -> last render
+        self._render_lock = threading.Lock()
         address = parse_listen_address(web.listen_address)
         handler = type("_BoundHandler", (_Handler,), {"exporter": self})
         self._httpd = _bind(address.host, address.port, handler)
@@ -114,12 +118,19 @@ class MetricsServer:
         if not self.cache_renders:
             return encoder(self.registry)
         snapshot = self.snapshot()
-        cached = self._rendered
-        if cached is not None and cached[0] is snapshot and cached[1] == content_type:
-            return cached[2]
-        body = encoder(self.registry)
-        self._rendered = (snapshot, content_type, body)
-        return body
+        cached = self._rendered.get(content_type)
+        if cached is not None and cached[0] is snapshot:
+            return cached[1]
+        # One render per snapshot however many scrapers arrive at once: the rest wait for it
+        # (rendering is CPU-bound, so rendering in parallel would only be slower for all).
+        with self._render_lock:
+            snapshot = self.snapshot()
+            cached = self._rendered.get(content_type)
+            if cached is not None and cached[0] is snapshot:
+                return cached[1]
+            body = self.renderer.render(encoder) if self.renderer else encoder(self.registry)
+            self._rendered[content_type] = (snapshot, body)
+            return body
 
     def start(self) -> None:
         self._thread = threading.Thread(

@@ -27,6 +27,7 @@ def newest_committed(job: JobState) -> Generation | None:
 
 class CheckpointsCollector(metrics.SnapshotCollector):
     name = "checkpoints"
+    per_job = True
 
     def collect(self, snapshot: Snapshot) -> Iterable[Metric]:
         specs = (

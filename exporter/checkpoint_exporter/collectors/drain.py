@@ -12,6 +12,7 @@ from checkpoint_exporter.model import STAGING, Snapshot
 
 class DrainCollector(metrics.SnapshotCollector):
     name = "drain"
+    per_job = True
 
     def collect(self, snapshot: Snapshot) -> Iterable[Metric]:
         specs = (

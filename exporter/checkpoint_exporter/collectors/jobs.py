@@ -13,6 +13,7 @@ from checkpoint_exporter.model import Snapshot
 
 class JobsCollector(metrics.SnapshotCollector):
     name = "jobs"
+    per_job = True
 
     def collect(self, snapshot: Snapshot) -> Iterable[Metric]:
         info = metrics.JOB_INFO.family()

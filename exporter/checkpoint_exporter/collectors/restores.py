@@ -12,6 +12,7 @@ from checkpoint_exporter.model import Snapshot
 
 class RestoresCollector(metrics.SnapshotCollector):
     name = "restores"
+    per_job = True
 
     def collect(self, snapshot: Snapshot) -> Iterable[Metric]:
         success = metrics.RESTORE_LAST_SUCCESS.family()

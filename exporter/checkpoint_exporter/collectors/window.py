@@ -18,6 +18,7 @@ Field = Callable[[WindowTelemetry], float | None]
 
 
 class _WindowCollector(metrics.SnapshotCollector):
+    per_job = True
     sources: tuple[str, ...] = ()
     fields: tuple[tuple[metrics.MetricSpec, Field], ...] = ()
 
