@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -33,8 +34,16 @@ def test_inotify_overflow_is_counted_and_reconciled(tmp_path: Path, exporter) ->
         limit.write_text(saved)
     generation = job / "step-1"
     generation.mkdir()
-    for index in range(2000):
-        (generation / f"__{index}_0.distcp").write_bytes(b"")
+    (generation / "__0_0.distcp").write_bytes(b"")
+    wait_for(lambda: served.value("checkpoint_saves_in_progress", training_job="j") == 1, 10)
+    # Stopped, the exporter cannot drain its queue: the 64-event queue must overflow however
+    # fast its reader would otherwise have been.
+    os.kill(served.process.pid, signal.SIGSTOP)
+    try:
+        for index in range(1, 2000):
+            (generation / f"__{index}_0.distcp").write_bytes(b"")
+    finally:
+        os.kill(served.process.pid, signal.SIGCONT)
     wait_for(lambda: (served.value("checkpoint_exporter_watch_overflows_total") or 0) >= 1, 10)
     # The reconcile that follows sees every file, though most events were dropped.
     wait_for(lambda: served.value("checkpoint_saves_in_progress", training_job="j") == 1, 10)
