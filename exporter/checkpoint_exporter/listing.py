@@ -28,6 +28,10 @@ log = logging.getLogger(__name__)
 
 FILE, DIR, LINK, OTHER = "f", "d", "l", "o"
 HOT_RESTAT_SECONDS = 1.0
+# Below the root a directory is never entered through a symlink, even one swapped in after the
+# lstat that found it; the configured root itself may be a symlink.
+_ROOT_FLAGS = os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0)
+_DIRECTORY_FLAGS = _ROOT_FLAGS | os.O_NOFOLLOW
 
 
 class OpsBudget:
@@ -67,7 +71,6 @@ class Dir:
     """One listed directory: its entries as compact parallel arrays, plus listed subdirectories."""
 
     __slots__ = (
-        "_index",
         "_totals",
         "contents",
         "error",
@@ -103,13 +106,16 @@ class Dir:
         self.contents = contents or {}
         self.error = error
         self.stat_at = stat_at
-        self._index: dict[str, int] | None = None
         self._totals: Totals | None = None
 
     def _position(self, name: str) -> int | None:
-        if self._index is None:
-            self._index = {entry: i for i, entry in enumerate(self.names)}
-        return self._index.get(name)
+        # A linear search in C, not a cached name index: an index per directory would cost
+        # more memory than the listing itself (about 48 bytes per file), kept for every
+        # committed generation. Many look-ups in one directory go through ``file_sizes``.
+        try:
+            return self.names.index(name)
+        except ValueError:
+            return None
 
     def kind(self, name: str) -> str | None:
         position = self._position(name)
@@ -125,6 +131,10 @@ class Dir:
             return None
         return self.sizes[position], self.mtimes[position]
 
+    def file_sizes(self) -> dict[str, int]:
+        """Name -> size of every regular file here; built per call, for many look-ups."""
+        return {name: self.sizes[i] for i, name in enumerate(self.names) if self.kinds[i] == FILE}
+
     def entries(self, kind: str | None = None) -> Iterator[tuple[str, str, int, float]]:
         """(name, kind, size, mtime) for each entry, optionally of one kind."""
         for i, name in enumerate(self.names):
@@ -137,14 +147,17 @@ class Dir:
     def totals(self) -> Totals:
         """Bytes, file count and mtime range of every regular file below, computed once."""
         if self._totals is None:
-            total_bytes = files = 0
-            low, high = float("inf"), 0.0
-            for i, kind in enumerate(self.kinds):
-                if kind == FILE:
-                    total_bytes += self.sizes[i]
-                    files += 1
-                    low = min(low, self.mtimes[i])
-                    high = max(high, self.mtimes[i])
+            files = self.kinds.count(FILE)
+            if files == len(self.kinds):  # only files, as in a generation's shard directory
+                total_bytes = sum(self.sizes)
+                low, high = min(self.mtimes, default=float("inf")), max(self.mtimes, default=0.0)
+            else:
+                total_bytes, low, high = 0, float("inf"), 0.0
+                for i, kind in enumerate(self.kinds):
+                    if kind == FILE:
+                        total_bytes += self.sizes[i]
+                        low = min(low, self.mtimes[i])
+                        high = max(high, self.mtimes[i])
             for child in self.subdirs.values():
                 sub = child.totals()
                 total_bytes += sub.bytes
@@ -250,52 +263,41 @@ class TreeReader:
                 old.mtime_ns, old.names, old.kinds, old.sizes, old.mtimes, subdirs,
                 old.contents, None, old.stat_at,
             )  # fmt: skip
-        if changed:
-            try:
-                self.budget.spend()
-                with os.scandir(path) as iterator:
-                    listed = [(entry.name, _kind_of(entry)) for entry in iterator]
-                stats.listed += 1
-            except OSError as error:
-                if error.errno == errno.ENOENT:
-                    return Dir(mtime_ns, error="vanished")
-                self._error(stats, relative, _reason(error))
-                return Dir(mtime_ns, error=_reason(error))
-        else:
-            assert old is not None
-            listed = list(zip(old.names, old.kinds, strict=True))
-        previous: dict[str, tuple[int, float]] = {}
-        if old is not None and not restat:
-            previous = {name: (size, mtime) for name, kind, size, mtime in old.entries(FILE)}
-        names, kinds, sizes, mtimes = [], [], array("q"), array("d")
-        contents: dict[str, bytes] = {}
-        subdir_mtimes: dict[str, int] = {}
-        for name, kind in listed:
-            size, mtime = 0, 0.0
-            if kind == FILE and name in previous:
-                size, mtime = previous[name]
-            else:
+        try:
+            # Everything in this directory is read relative to one descriptor: the kernel
+            # resolves the long path once, not once per shard, which is most of a cold scan.
+            directory = os.open(path, _DIRECTORY_FLAGS if relative else _ROOT_FLAGS)
+        except OSError as error:
+            return self._unreadable(mtime_ns, relative, error, stats)
+        try:
+            if changed:
                 try:
                     self.budget.spend()
-                    entry_stat = os.lstat(os.path.join(path, name))
-                    stats.statted += 1
-                except FileNotFoundError:
-                    continue  # removed since the listing (retention racing the scan)
+                    with os.scandir(directory) as iterator:
+                        listed = [(entry.name, _kind_of(entry)) for entry in iterator]
+                    stats.listed += 1
                 except OSError as error:
-                    self._error(stats, _join(relative, name), _reason(error))
-                    continue
-                kind = _kind_of_mode(entry_stat.st_mode)
-                size, mtime = entry_stat.st_size, entry_stat.st_mtime
-                if kind == DIR:
-                    subdir_mtimes[name] = entry_stat.st_mtime_ns
-            names.append(name)
-            kinds.append(kind)
-            sizes.append(size)
-            mtimes.append(mtime)
-            if kind == FILE and name in self.content_names and size <= self.content_limit:
-                content = self._content(path, relative, name, size, mtime, old, stats)
-                if content is not None:
-                    contents[name] = content
+                    return self._unreadable(mtime_ns, relative, error, stats)
+            else:
+                assert old is not None
+                listed = list(zip(old.names, old.kinds, strict=True))
+            previous: dict[str, tuple[int, float]] = {}
+            if old is not None and not restat:
+                previous = {name: (size, mtime) for name, kind, size, mtime in old.entries(FILE)}
+            names, kinds, sizes, mtimes, subdir_mtimes = self._stat_entries(
+                directory, relative, listed, previous, stats
+            )
+            contents: dict[str, bytes] = {}
+            for name in self.content_names.intersection(names):
+                position = names.index(name)
+                if kinds[position] == FILE and sizes[position] <= self.content_limit:
+                    content = self._content(
+                        path, relative, name, sizes[position], mtimes[position], old, stats
+                    )
+                    if content is not None:
+                        contents[name] = content
+        finally:
+            os.close(directory)
         subdirs = {}
         if depth < self.max_depth:
             for name, kind in zip(names, kinds, strict=True):
@@ -310,6 +312,55 @@ class TreeReader:
             mtime_ns, tuple(names), "".join(kinds), sizes, mtimes, subdirs, contents, None,
             now if restat else (old.stat_at if old is not None else now),
         )  # fmt: skip
+
+    def _unreadable(self, mtime_ns: int, relative: str, error: OSError, stats: ScanStats) -> Dir:
+        if error.errno == errno.ENOENT:
+            return Dir(mtime_ns, error="vanished")
+        self._error(stats, relative, _reason(error))
+        return Dir(mtime_ns, error=_reason(error))
+
+    def _stat_entries(
+        self,
+        directory: int,
+        relative: str,
+        listed: list[tuple[str, str]],
+        previous: dict[str, tuple[int, float]],
+        stats: ScanStats,
+    ) -> tuple[list[str], list[str], array, array, dict[str, int]]:
+        """Names, kinds, sizes and mtimes of the listed entries; a file known from the last
+        listing keeps its stat (``previous``), everything else is lstat-ed once."""
+        names: list[str] = []
+        kinds: list[str] = []
+        sizes, mtimes = array("q"), array("d")
+        subdir_mtimes: dict[str, int] = {}
+        known = (
+            sum(1 for name, kind in listed if kind == FILE and name in previous) if previous else 0
+        )
+        self.budget.spend(len(listed) - known)
+        lstat, statted = os.lstat, 0
+        for name, kind in listed:
+            if kind == FILE and name in previous:
+                size, mtime = previous[name]
+            else:
+                try:
+                    entry = lstat(name, dir_fd=directory)
+                except FileNotFoundError:
+                    continue  # removed since the listing (retention racing the scan)
+                except OSError as error:
+                    self._error(stats, _join(relative, name), _reason(error))
+                    continue
+                statted += 1
+                mode = entry.st_mode
+                kind = FILE if stat.S_ISREG(mode) else _kind_of_mode(mode)
+                size, mtime = entry.st_size, entry.st_mtime
+                if kind == DIR:
+                    subdir_mtimes[name] = entry.st_mtime_ns
+            names.append(name)
+            kinds.append(kind)
+            sizes.append(size)
+            mtimes.append(mtime)
+        stats.statted += statted
+        return names, kinds, sizes, mtimes, subdir_mtimes
 
     def _read_subdirs(
         self, path: str, relative: str, old: Dir, depth: int, scan: _Pass
@@ -389,13 +440,13 @@ def _is_under(relative: str, hot: frozenset[str]) -> bool:
 
 
 def _kind_of(entry: os.DirEntry[str]) -> str:
-    try:
-        if entry.is_symlink():
-            return LINK
-        if entry.is_dir(follow_symlinks=False):
-            return DIR
+    try:  # most entries are shards: one question answers them
         if entry.is_file(follow_symlinks=False):
             return FILE
+        if entry.is_dir(follow_symlinks=False):
+            return DIR
+        if entry.is_symlink():
+            return LINK
     except OSError:
         pass
     return OTHER
