@@ -44,8 +44,11 @@ lint: venv
 generate: venv
 	$(BIN)/python -m checkpoint_exporter.generate
 
-bench: venv
-	$(BIN)/python bench/run.py
+# About 20 minutes; BENCH_ARGS="--only scrape detect" runs a part (docs/performance.md is
+# rewritten only by a full run).
+BENCH_ARGS ?=
+bench: venv toolchain
+	$(BIN)/python bench/run.py $(BENCH_ARGS)
 
 # Every reader of untrusted input (DCP metadata, layouts, spool, config and web config files)
 # against FUZZ_EXAMPLES generated and mutated inputs each, under a 4 GiB address-space limit

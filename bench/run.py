@@ -1,133 +1,226 @@
-"""Benchmarks: `make bench`. Prints a table and writes bench/results/<name>.json.
+"""Benchmarks: ``make bench``. Prints a table per benchmark, writes bench/results/<name>.json and,
+when every benchmark ran, the tables into docs/performance.md (between its bench markers).
 
-scrape: /metrics latency over loopback HTTP (keep-alive, 200 scrapes) as the number of watched
-jobs grows, rendering every scrape and reusing the render of an unchanged snapshot. The exporter
-runs in-process, wired as `serve` wires it, over trackers filled with synthetic generations.
+  scrape    /metrics p50/p99 at 10, 200 and 1,000 jobs; node_exporter as the anchor (scrape.py)
+  scan      cold scan of 1,000,000 files against find; idle CPU and RSS at 10k and 1M files,
+            polling and inotify; scrapes over both trees (scan.py)
+  detect    commit marker written -> visible in /metrics, 100 commits, inotify and polling
+  metadata  metadata operations while a 4,096-rank save runs (metadata.py)
+  sampler   telemetry sampler CPU at 1 Hz: 8 NICs, 4 IB ports, 8 GPUs (sampler.py)
+  load      50 concurrent scrapers for 60 s, 200 jobs, saves continuing (load.py)
+  rules     the shipped rules evaluated by Prometheus over 2,048 nodes x 16 jobs (rules.py)
 """
 
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
+import os
 import platform
-import statistics
+import re
+import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-from checkpoint_exporter import __version__
-from checkpoint_exporter.collectors import enabled_collectors
-from checkpoint_exporter.config import Config, Policy, WebConfig
-from checkpoint_exporter.layouts.base import Found
-from checkpoint_exporter.metrics import build_registry
-from checkpoint_exporter.model import COMMITTED, DURABLE, WatchedPath
-from checkpoint_exporter.server import MetricsServer
-from checkpoint_exporter.spool import Event
-from checkpoint_exporter.tracker import JobTracker, Tracker
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path[:0] = [str(HERE), str(REPO)]
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from checkpoint_exporter import __version__  # noqa: E402
+
+RESULTS = HERE / "results"
+DOC = REPO / "docs" / "performance.md"
+BENCHMARKS = ("scrape", "scan", "detect", "metadata", "sampler", "load", "rules")
 
 
-def _percentile(values: list[float], share: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(share * (len(ordered) - 1)))]
+def machine() -> dict[str, object]:
+    model = ""
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+        model = re.search(r"model name\s*:\s*(.*)", cpuinfo).group(1)  # type: ignore[union-attr]
+    except (OSError, AttributeError):
+        pass
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return {
+        "cpu": model or platform.processor() or platform.machine(),
+        "cores": os.cpu_count(), "memory_gib": round(memory, 1),
+        "kernel": platform.release(), "python": platform.python_version(),
+        "version": __version__, "date": time.strftime("%Y-%m-%d"),
+    }  # fmt: skip
 
 
-def _tracker(jobs: int, generations: int) -> Tracker:
-    """``jobs`` instrumented jobs with ``generations`` committed generations each: every
-    per-job series the exporter has, all phase histograms included (the worst case)."""
-    tracker = Tracker(Config())
-    now = time.time()
-    for index in range(jobs):
-        name = f"job-{index}"
-        job = JobTracker(name, (WatchedPath(DURABLE, f"/ckpt/{name}", "inotify"),), Policy())
-        found = [
-            Found(f"step-{step}", step, COMMITTED, now - 900 * (generations - step),
-                  now - 900 * (generations - step) + 30, now - 900 * (generations - step) + 30,
-                  10**9, 1000)
-            for step in range(generations)
-        ]  # fmt: skip
-        job.observe(DURABLE, found[:-1], now - 1000)
-        points = ("save_start", "resume", "staged", "written", "committed")
-        events = [
-            Event(now - 40 + offset, event, name, generations - 1, 0, 1, "node", None, None, None)
-            for offset, event in enumerate(points)
-        ]
-        job.apply_events(events, now - 10)
-        job.observe(DURABLE, found, now - 5)
-        job.tick(now)
-        tracker.add(job)
-    tracker.publish()
-    return tracker
+def _write(name: str, data: object) -> None:
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps({"machine": machine(), "results": data}, indent=2) + "\n")
+    print(f"wrote {path.relative_to(REPO)}", file=sys.stderr)
 
 
-def bench_scrape(job_counts: list[int], scrapes: int, generations: int) -> list[dict[str, float]]:
-    rows = []
-    for count in job_counts:
-        tracker = _tracker(count, generations)
-        for cached in (False, True):
-            registry = build_registry(lambda t=tracker: t.snapshot, enabled_collectors({}))
-            web = WebConfig(listen_address="127.0.0.1:0")
-            server = MetricsServer(web, registry, lambda t=tracker: t.snapshot, cached)
-            server.start()
-            try:
-                connection = http.client.HTTPConnection(
-                    "127.0.0.1", server.address.port, timeout=30
-                )
-                latencies, body = [], b""
-                for _ in range(scrapes):
-                    started = time.perf_counter()
-                    connection.request("GET", "/metrics")
-                    body = connection.getresponse().read()
-                    latencies.append(time.perf_counter() - started)
-                connection.close()
-            finally:
-                server.stop()
-            series = sum(1 for line in body.splitlines() if line and not line.startswith(b"#"))
-            p50 = statistics.median(latencies)
-            rows.append(
-                {
-                    "jobs": count,
-                    "render": "cached" if cached else "every scrape",
-                    "series": series,
-                    "bytes": len(body),
-                    "p50_ms": p50 * 1000,
-                    "p99_ms": _percentile(latencies, 0.99) * 1000,
-                    "us_per_series": p50 / series * 1e6,
-                }
-            )
-    return rows
+def _table(headers: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _ms(value: object) -> str:
+    return f"{float(value):.2f}"  # type: ignore[arg-type]
+
+
+def run_scrape(args: argparse.Namespace) -> str:
+    from scrape import bench_node_exporter, bench_scrape
+
+    rows = bench_scrape(args.jobs, args.scrapes, 10)
+    anchor = bench_node_exporter(args.scrapes)
+    if anchor is not None:
+        rows.append(anchor)
+    _write("scrape", rows)
+    return _table(
+        ["jobs", "render", "series", "bytes", "p50 ms", "p99 ms", "us/series"],
+        [[str(r["jobs"] or "-"), str(r["render"]), str(r["series"]), str(r["bytes"]),
+          _ms(r["p50_ms"]), _ms(r["p99_ms"]), _ms(r["us_per_series"])] for r in rows],
+    )  # fmt: skip
+
+
+def run_scan(args: argparse.Namespace) -> str:
+    from scan import LARGE, SMALL, bench_scan
+
+    cold, idle = bench_scan((SMALL, LARGE), args.idle_seconds, args.scrapes)
+    _write("scan", {"cold": cold, "idle": idle})
+    cold_table = _table(
+        ["files", "find s", "exporter s", "ratio", "us/file"],
+        [[f"{r['files']:,}", f"{r['find_s']:.2f}", f"{r['exporter_read_s']:.2f}",
+          f"{r['ratio']:.2f}", f"{r['us_per_file']:.2f}"] for r in cold],
+    )  # fmt: skip
+    idle_table = _table(
+        ["files", "mode", "start to all jobs s", "idle CPU s/h", "reconcile CPU s/h",
+         "% of a core", "RSS MB", "scrape p50 ms", "scrape p99 ms"],
+        [[f"{r['files']:,}", str(r["mode"]), f"{r['first_scan_to_metrics_s']:.1f}",
+          f"{r['cpu_s_per_hour']:.1f}", f"{r['reconcile_cpu_s_per_hour']:.2f}",
+          f"{r['core_percent']:.2f}", f"{r['rss_mb']:.0f}",
+          _ms(r["scrape_p50_ms"]) if r["mode"] == "inotify" else "-",
+          _ms(r["scrape_p99_ms"]) if r["mode"] == "inotify" else "-"] for r in idle],
+    )  # fmt: skip
+    return f"Cold scan\n\n{cold_table}\n\nIdle\n\n{idle_table}"
+
+
+def run_detect(args: argparse.Namespace) -> str:
+    from detect import bench_detect
+
+    rows = [bench_detect("inotify", args.commits), bench_detect("poll", args.commits, 1.0)]
+    _write("detect", rows)
+    return _table(
+        ["watch", "commits", "p50 ms", "p99 ms", "max ms", "target p99 ms"],
+        [[str(r["mode"]) + (f" every {r['poll_interval_s']:g} s" if r["poll_interval_s"] else ""),
+          str(r["commits"]), f"{r['p50_ms']:.0f}", f"{r['p99_ms']:.0f}", f"{r['max_ms']:.0f}",
+          f"{r['target_p99_ms']:.0f}"] for r in rows],
+    )  # fmt: skip
+
+
+def run_metadata(args: argparse.Namespace) -> str:
+    from metadata import bench_metadata
+
+    rows = bench_metadata(args.ranks)
+    _write("metadata", rows)
+    return _table(
+        ["run", "new files", "files already there", "operations", "per new file",
+         "peak ops/s", "budget ops/s", "commit to valid s"],
+        [[str(r["run"]), str(r["ranks"] + 1), str(r["files_already_there"]),
+          f"{r['operations']:.0f}", f"{r['operations_per_new_file']:.2f}",
+          f"{r['peak_ops_per_second']:.0f}", str(r["budget_ops_per_second"] or "-"),
+          f"{r['save_to_valid_s']:.1f}"] for r in rows],
+    )  # fmt: skip
+
+
+def run_sampler(args: argparse.Namespace) -> str:
+    from sampler import bench_sampler
+
+    row = bench_sampler()
+    _write("sampler", row)
+    return _table(
+        ["NICs", "IB ports", "GPUs", "counters", "CPU ms/sample", "CPU s/h at 1 Hz", "% of a core"],
+        [[str(row["nics"]), str(row["ib_ports"]), str(row["gpus"]), str(row["series_sampled"]),
+          f"{row['cpu_ms_per_sample']:.3f}", f"{row['cpu_seconds_per_hour_at_1hz']:.2f}",
+          f"{row['core_percent_at_1hz']:.3f}"]],
+    )  # fmt: skip
+
+
+def run_load(args: argparse.Namespace) -> str:
+    from load import as_dict, run_load
+
+    result = run_load(args.load_seconds, args.load_scrapers, args.load_jobs)
+    _write("load", as_dict(result))
+    return _table(
+        ["scrapers", "seconds", "jobs", "saves", "scrapes", "errors", "scrapes/s", "p50 ms",
+         "p99 ms", "max ms", "RSS MB start -> end (max)"],
+        [[str(result.scrapers), f"{result.seconds:.0f}", str(result.jobs), str(result.saves),
+          str(result.scrapes), str(result.errors), f"{result.scrapes_per_second:.0f}",
+          f"{result.p50_ms:.1f}", f"{result.p99_ms:.1f}", f"{result.max_ms:.0f}",
+          f"{result.rss_start_mb:.0f} -> {result.rss_end_mb:.0f} ({result.rss_max_mb:.0f})"]],
+    )  # fmt: skip
+
+
+def run_rules(args: argparse.Namespace) -> str:
+    from rules import bench_rules
+
+    row = bench_rules(args.nodes, 16)
+    _write("rules", row)
+    groups = row["rule_groups_seconds"]
+    return _table(
+        ["nodes", "jobs", "series", "series/node", "MB per scrape round", "scrape s/target",
+         *[f"{name} eval s" for name in groups], "Prometheus RSS MB"],
+        [[str(row["nodes"]), str(row["jobs"]), f"{row['head_series']:,.0f}",
+          str(row["series_per_node"]), f"{row['exposition_mb']:.0f}",
+          f"{row['scrape_seconds_per_target']:.1f}", *[f"{v:.2f}" for v in groups.values()],
+          f"{row['prometheus_rss_mb']:.0f}"]],
+    )  # fmt: skip
+
+
+RUNNERS: dict[str, Callable[[argparse.Namespace], str]] = {
+    "scrape": run_scrape, "scan": run_scan, "detect": run_detect, "metadata": run_metadata,
+    "sampler": run_sampler, "load": run_load, "rules": run_rules,
+}  # fmt: skip
+
+
+def write_doc(tables: dict[str, str]) -> None:
+    text = DOC.read_text()
+    begin, end = "<!-- bench:begin -->", "<!-- bench:end -->"
+    m = machine()
+    header = (
+        f"Measured {m['date']} by `make bench` (checkpoint-exporter {m['version']}) on "
+        f"{m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, Linux {m['kernel']}, "
+        f"Python {m['python']}."
+    )
+    block = "\n\n".join([header, *(f"### {name}\n\n{tables[name]}" for name in BENCHMARKS)])
+    before, _, rest = text.partition(begin)
+    _, _, after = rest.partition(end)
+    DOC.write_text(f"{before}{begin}\n{block}\n{end}{after}")
+    print(f"wrote {DOC.relative_to(REPO)}", file=sys.stderr)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--only", choices=BENCHMARKS, nargs="+", default=list(BENCHMARKS))
     parser.add_argument("--scrapes", type=int, default=200)
     parser.add_argument("--jobs", type=int, nargs="+", default=[10, 200, 1000])
-    parser.add_argument("--generations", type=int, default=10)
+    parser.add_argument("--idle-seconds", type=float, default=60)
+    parser.add_argument("--commits", type=int, default=100)
+    parser.add_argument("--ranks", type=int, default=4096)
+    parser.add_argument("--load-seconds", type=float, default=60)
+    parser.add_argument("--load-scrapers", type=int, default=50)
+    parser.add_argument("--load-jobs", type=int, default=200)
+    parser.add_argument("--nodes", type=int, default=2048)
     args = parser.parse_args()
-    rows = bench_scrape(args.jobs, args.scrapes, args.generations)
-    print(
-        f"/metrics over loopback HTTP, {args.scrapes} scrapes each, {args.generations} "
-        "generations per job, every phase histogram present"
-    )
-    print(
-        f"{'jobs':>6} {'render':>13} {'series':>7} {'bytes':>9} {'p50 ms':>8} {'p99 ms':>8} "
-        f"{'us/series':>10}"
-    )
-    for row in rows:
-        print(
-            f"{row['jobs']:>6} {row['render']:>13} {row['series']:>7} {row['bytes']:>9} "
-            f"{row['p50_ms']:>8.2f} {row['p99_ms']:>8.2f} {row['us_per_series']:>10.2f}"
-        )
-    RESULTS.mkdir(exist_ok=True)
-    machine = {
-        "python": platform.python_version(),
-        "machine": platform.machine(),
-        "processor": platform.processor(),
-        "version": __version__,
-    }
-    (RESULTS / "scrape.json").write_text(json.dumps({"machine": machine, "rows": rows}, indent=2))
-    print(f"wrote {RESULTS / 'scrape.json'}")
+    tables = {}
+    for name in args.only:
+        print(f"\n== {name} ==", file=sys.stderr)
+        started = time.monotonic()
+        tables[name] = RUNNERS[name](args)
+        print(f"\n{name} ({time.monotonic() - started:.0f} s)\n{tables[name]}", flush=True)
+    if set(tables) == set(BENCHMARKS):
+        write_doc(tables)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 A rescan costs what changed, not the size of the tree: a directory whose mtime is unchanged is
 not listed again (its subdirectories are still lstat-ed, since a change deep down only touches
 the deepest directory's mtime); a file is statted when it first appears and again only while its
-directory is *hot* (a generation being written), at most once a second. Every stat, listing and
+directory is *hot* (a generation being written), at most once a second and at most
+``HOT_RESTAT_FILES_PER_SECOND`` files a second. Every stat, listing and
 read is spent from an ``OpsBudget`` that caps the load on shared storage.
 
 Nothing is ever written, and symlinks are recorded, never followed. The listing is built of
@@ -28,6 +29,9 @@ log = logging.getLogger(__name__)
 
 FILE, DIR, LINK, OTHER = "f", "d", "l", "o"
 HOT_RESTAT_SECONDS = 1.0
+# A generation being written is re-statted to follow its bytes and liveness, but never faster
+# than this many files per second: a 4,096-rank save costs its new files, not files x seconds.
+HOT_RESTAT_FILES_PER_SECOND = 1000
 # Below the root a directory is never entered through a symlink, even one swapped in after the
 # lstat that found it; the configured root itself may be a symlink.
 _ROOT_FLAGS = os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0)
@@ -253,7 +257,7 @@ class TreeReader:
         is_hot = _is_under(relative, scan.hot)
         changed = force or old is None or old.mtime_ns != mtime_ns or old.error is not None
         restat = changed and (force or old is None or old.error is not None)
-        if is_hot and old is not None and now - old.stat_at >= HOT_RESTAT_SECONDS:
+        if is_hot and old is not None and now - old.stat_at >= _restat_period(len(old.names)):
             restat = True
         if not changed and not restat:
             subdirs, rebuilt = self._read_subdirs(path, relative, old, depth, scan)
@@ -422,6 +426,10 @@ class TreeReader:
         except OSError as error:
             self._error(stats, _join(relative, name), _reason(error))
             return None
+
+
+def _restat_period(entries: int) -> float:
+    return max(HOT_RESTAT_SECONDS, entries / HOT_RESTAT_FILES_PER_SECOND)
 
 
 def _join(relative: str, name: str) -> str:

@@ -31,6 +31,8 @@ from checkpoint_exporter.watch import INOTIFY, POLL, Watcher, choose_mode, mount
 
 log = logging.getLogger(__name__)
 
+COALESCE_SECONDS = 0.1
+
 SCAN_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 120)
 _JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
@@ -190,7 +192,11 @@ class Scanner:
                 if not failing:
                     log.exception("scan pass failed; retrying every 0.2 s")
                 failing = True
-            self._wake.wait(timeout=0.2)
+            if self._wake.wait(timeout=0.2):
+                # Coalesce: a save's shards arrive as a stream of events, and each pass lstats
+                # every generation directory of the job. One pass per COALESCE_SECONDS keeps a
+                # save's cost to its new files (and adds at most that much to detection).
+                self._stop.wait(COALESCE_SECONDS)
             self._wake.clear()
 
     # --- watcher callbacks (other threads) ---------------------------------------------------

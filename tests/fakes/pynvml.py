@@ -35,11 +35,23 @@ _real_spec.loader.exec_module(_real)
 globals().update({k: v for k, v in vars(_real).items() if not k.startswith("__")})
 
 
+_parsed: dict[tuple[str, int, int, int], dict] = {}  # FAKE_NVML_STATIC: the one parse
+
+
 def _state() -> dict:
+    """The state file, re-read on every call; with ``FAKE_NVML_STATIC=1`` (the sampler
+    benchmark, which should measure the exporter rather than this fake) read once."""
     path = os.environ.get("FAKE_NVML_STATE")
     if not path:
         return {"init": "library_not_found", "gpus": []}
-    return json.loads(Path(path).read_text())
+    if os.environ.get("FAKE_NVML_STATIC") != "1":
+        return json.loads(Path(path).read_text())
+    info = os.stat(path)
+    key = (path, info.st_ino, info.st_mtime_ns, info.st_size)
+    if key not in _parsed:
+        _parsed.clear()
+        _parsed[key] = json.loads(Path(path).read_text())
+    return _parsed[key]
 
 
 def _gpu(handle: int) -> dict:

@@ -1,0 +1,70 @@
+"""Smoke versions of the benchmarks (bench/): each runs small and gives sane numbers.
+
+No timing is asserted here (speed targets live in ``make bench`` and docs/performance.md); what
+is asserted is that every benchmark measures what it says: the scrape bodies agree, the scan
+finds every file, every commit is detected, and a save costs its new files, not the whole tree.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import require_tool
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "bench"))
+
+import detect  # noqa: E402
+import metadata  # noqa: E402
+import scan  # noqa: E402
+import scrape  # noqa: E402
+from tree import Shape  # noqa: E402
+
+
+def test_scrape_smoke_measures_both_renderers_and_the_node_exporter_anchor() -> None:
+    rows = scrape.bench_scrape([3], scrapes=5, count=2)
+    assert [row["render"] for row in rows] == list(scrape.MODES)
+    by_mode = {row["render"]: row for row in rows}
+    # The cached render is the same exposition as prometheus_client's.
+    assert by_mode["unchanged"]["series"] == by_mode["prometheus_client"]["series"] > 100
+    for row in rows:
+        assert 0 < row["p50_ms"] <= row["p99_ms"]
+        assert row["us_per_series"] > 0
+    require_tool("prometheus-node-exporter")
+    anchor = scrape.bench_node_exporter(scrapes=5)
+    assert anchor is not None and anchor["series"] > 0 and anchor["p50_ms"] > 0
+
+
+def test_scan_smoke_reads_every_file_and_measures_the_idle_daemon(tmp_path: Path) -> None:
+    shape = Shape(jobs=3, generations=2, shards=5)
+    cold, idle = scan.bench_scan((shape,), idle_seconds=2, scrapes=5, workdir=tmp_path)
+    assert cold[0]["files"] == shape.files == 36
+    assert cold[0]["find_s"] > 0 and cold[0]["exporter_read_s"] > 0
+    assert [row["mode"] for row in idle] == ["poll", "inotify"]
+    for row in idle:
+        assert row["files"] == 36
+        assert row["cpu_s_per_hour"] >= 0 and 10 < row["rss_mb"] < 1000
+    assert idle[1]["scrape_p50_ms"] > 0 and idle[1]["series"] > 0
+    assert list(tmp_path.iterdir()) == []  # the trees are removed
+
+
+@pytest.mark.parametrize(("mode", "commits", "poll"), [("inotify", 5, 1.0), ("poll", 3, 1.0)])
+def test_detect_smoke_sees_every_commit(mode: str, commits: int, poll: float) -> None:
+    row = detect.bench_detect(mode, commits, poll)
+    assert row["commits"] == commits
+    assert 0 < row["p50_ms"] <= row["p99_ms"] <= row["max_ms"]
+
+
+def test_metadata_smoke_a_save_costs_its_new_files_not_the_tree() -> None:
+    small, large = (
+        metadata.bench_metadata_run("inotify", "inotify", False, 10_000, ranks=256, retained=n)
+        for n in (2, 16)
+    )
+    assert large["files_already_there"] - small["files_already_there"] == 14 * 257
+    # 14 more generations (3,598 more files) cost the same save only the per-pass lstat of
+    # their directories: the descent is gated by directory mtimes, so a save is O(new files).
+    assert large["operations"] - small["operations"] < 0.5 * 14 * 257
+    assert small["operations"] >= 2 * 257  # each new file statted when it appears and at commit
