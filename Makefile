@@ -44,8 +44,8 @@ lint: venv
 generate: venv
 	$(BIN)/python -m checkpoint_exporter.generate
 
-# About 20 minutes; BENCH_ARGS="--only scrape detect" runs a part (docs/performance.md is
-# rewritten only by a full run).
+# About 25 minutes; BENCH_ARGS="--only scrape detect" runs a part (docs/performance.md keeps
+# the other parts' last results).
 BENCH_ARGS ?=
 bench: venv toolchain
 	$(BIN)/python bench/run.py $(BENCH_ARGS)

@@ -75,12 +75,13 @@ def bench_metadata_run(
         )  # fmt: skip
         with Exporter(config, *flags) as exporter:
             exporter.wait_for_jobs(1, timeout=300, files=ranks + 1)
-            quiet_since, last = time.monotonic(), exporter.total(OPS)
-            while time.monotonic() - quiet_since < 6:  # past a poll period with no operations
-                time.sleep(0.5)
-                now_ops = exporter.total(OPS)
-                if now_ops != last:
-                    quiet_since, last = time.monotonic(), now_ops
+            # Settled: 6 s (past a poll period) in which the first scan's validations are done
+            # and only the idle passes' directory lstats remain (a few dozen).
+            while True:
+                before = exporter.total(OPS)
+                time.sleep(6)
+                if exporter.total(OPS) - before < 100:
+                    break
             samples: list[tuple[float, float]] = []
 
             def sample() -> None:

@@ -1,5 +1,5 @@
-"""Benchmarks: ``make bench``. Prints a table per benchmark, writes bench/results/<name>.json and,
-when every benchmark ran, the tables into docs/performance.md (between its bench markers).
+"""Benchmarks: ``make bench``. Prints a table per benchmark, writes bench/results/<name>.json and
+the tables of the benchmarks that ran into docs/performance.md (between its bench markers).
 
   scrape    /metrics p50/p99 at 10, 200 and 1,000 jobs; node_exporter as the anchor (scrape.py)
   scan      cold scan of 1,000,000 files against find; idle CPU and RSS at 10k and 1M files,
@@ -183,18 +183,24 @@ RUNNERS: dict[str, Callable[[argparse.Namespace], str]] = {
 
 
 def write_doc(tables: dict[str, str]) -> None:
+    """Replace the sections of the benchmarks that ran; the others keep their last results."""
     text = DOC.read_text()
     begin, end = "<!-- bench:begin -->", "<!-- bench:end -->"
+    before, _, rest = text.partition(begin)
+    block, _, after = rest.partition(end)
+    sections = {}
+    for part in block.split("\n### ")[1:]:
+        name, _, table = part.partition("\n\n")
+        sections[name.strip()] = table.strip()
+    sections.update(tables)
     m = machine()
     header = (
-        f"Measured {m['date']} by `make bench` (checkpoint-exporter {m['version']}) on "
+        f"Last measured {m['date']} by `make bench` (checkpoint-exporter {m['version']}) on "
         f"{m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, Linux {m['kernel']}, "
         f"Python {m['python']}."
     )
-    block = "\n\n".join([header, *(f"### {name}\n\n{tables[name]}" for name in BENCHMARKS)])
-    before, _, rest = text.partition(begin)
-    _, _, after = rest.partition(end)
-    DOC.write_text(f"{before}{begin}\n{block}\n{end}{after}")
+    parts = [f"### {name}\n\n{sections[name]}" for name in BENCHMARKS if name in sections]
+    DOC.write_text(f"{before}{begin}\n{header}\n\n" + "\n\n".join(parts) + f"\n{end}{after}")
     print(f"wrote {DOC.relative_to(REPO)}", file=sys.stderr)
 
 
@@ -219,8 +225,7 @@ def main() -> None:
         started = time.monotonic()
         tables[name] = RUNNERS[name](args)
         print(f"\n{name} ({time.monotonic() - started:.0f} s)\n{tables[name]}", flush=True)
-    if set(tables) == set(BENCHMARKS):
-        write_doc(tables)
+    write_doc(tables)
 
 
 if __name__ == "__main__":
