@@ -17,7 +17,7 @@ import statistics
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from checkpoint_exporter.demo import dcp_metadata
@@ -45,6 +45,7 @@ class LoadResult:
     rss_end_mb: float
     rss_max_mb: float
     fewest_scrapes: int  # by any one scraper: none was starved
+    rss_every_10s_mb: list[float] = field(default_factory=list)
     first_error: str = ""
 
 
@@ -160,6 +161,7 @@ def run_load(
             p99_ms=percentile(latencies, 0.99) * 1000, max_ms=max(latencies, default=0) * 1000,
             saves=saves[0] if saves else 0, rss_start_mb=rss[0], rss_end_mb=rss[-1],
             rss_max_mb=max(rss), first_error=errors[0] if errors else "",
+            rss_every_10s_mb=[round(value, 1) for value in rss[::10]],
             fewest_scrapes=min(len(client.latencies) for client in clients),
         )  # fmt: skip
     finally:

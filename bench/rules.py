@@ -117,6 +117,15 @@ def _query(url: str, expr: str) -> float:
     return float(result[0]["value"][1]) if result else float("nan")
 
 
+def _slowest_rules(url: str, count: int) -> list[tuple[str, float]]:
+    """(alert or record name, its last evaluation seconds), slowest first."""
+    reply = urllib.request.urlopen(f"{url}/api/v1/rules", timeout=60)
+    rules = [rule for group in __import__("json").load(reply)["data"]["groups"]
+             for rule in group["rules"]]  # fmt: skip
+    timed = [(rule.get("name", "?"), float(rule.get("evaluationTime", 0))) for rule in rules]
+    return sorted(timed, key=lambda item: -item[1])[:count]
+
+
 def report(row: dict[str, object]) -> str:
     groups = ", ".join(f"{name} {seconds * 1000:.0f} ms"
                        for name, seconds in row["rule_groups_seconds"].items())  # fmt: skip
@@ -185,6 +194,7 @@ def bench_rules(nodes: int = 2048, jobs: int = 16, targets: int = 16) -> dict[st
             if key.startswith("prometheus_rule_group_last_duration_seconds{")
         }
         scrape = _query(url, 'max(scrape_duration_seconds{job="checkpoint-exporter"})')
+        slowest = _slowest_rules(url, 5)
     finally:
         process.terminate()
         process.wait(timeout=60)
@@ -196,5 +206,5 @@ def bench_rules(nodes: int = 2048, jobs: int = 16, targets: int = 16) -> dict[st
         "exposition_mb": sum(len(b) for b in bodies) / 1e6,
         "rule_groups_seconds": groups, "rules_seconds_total": sum(groups.values()),
         "prometheus_rss_mb": own["process_resident_memory_bytes"] / 1e6,
-        "scrape_seconds_per_target": scrape, "targets": targets,
+        "scrape_seconds_per_target": scrape, "targets": targets, "slowest_rules": slowest,
     }  # fmt: skip

@@ -173,6 +173,8 @@ def run_rules(args: argparse.Namespace) -> str:
           str(row["series_per_node"]), f"{row['exposition_mb']:.0f}",
           f"{row['scrape_seconds_per_target']:.1f}", *[f"{v:.2f}" for v in groups.values()],
           f"{row['prometheus_rss_mb']:.0f}"]],
+    ) + "\n\nSlowest rules (seconds per evaluation): " + ", ".join(
+        f"{name} {seconds:.2f}" for name, seconds in row["slowest_rules"]
     )  # fmt: skip
 
 

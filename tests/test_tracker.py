@@ -169,3 +169,20 @@ def test_hot_directories_are_the_saves_in_progress() -> None:
     tracker = job()
     tracker.observe(DURABLE, [gen("w", WRITING, T), gen("c", COMMITTED, T, T + 1)], T + 2)
     assert tracker.hot_directories(DURABLE) == ["w"] and tracker.has_saves_in_progress()
+
+
+def test_an_unchanged_scan_keeps_the_published_state() -> None:
+    """An idle poll hands over the very Found objects of the last parse: the job's state (and
+    so its rendered series) is not rebuilt; a fresh parse, a new generation or a deletion is."""
+    tracker = job()
+    found = [gen("a", COMMITTED, T, T + 5), gen("b", COMMITTED, T + 100, T + 105)]
+    tracker.observe(DURABLE, found, T + 200)
+    state = tracker.state()
+    requests = tracker.observe(DURABLE, found, T + 205)
+    assert [r.generation for r in requests] == ["b", "a"]  # still awaiting their verdicts
+    assert tracker.state() is state
+    tracker.observe(DURABLE, [found[0], gen("b", COMMITTED, T + 100, T + 105)], T + 210)
+    assert tracker.state() is not state  # re-parsed (the listing changed): rebuilt
+    state = tracker.state()
+    tracker.observe(DURABLE, found[:1], T + 215)
+    assert tracker.state() is not state and [g.id for g in tracker.state().generations] == ["a"]

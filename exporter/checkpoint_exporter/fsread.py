@@ -13,6 +13,12 @@ import stat
 _FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
 
 
+# Directories: read-only; below a configured root never entered through a symlink, even one
+# swapped in after the lstat that found the directory (the root itself may be a symlink).
+_ROOT_DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0)
+_DIRECTORY_FLAGS = _ROOT_DIRECTORY_FLAGS | os.O_NOFOLLOW
+
+
 class NotRegularFile(OSError):
     pass
 
@@ -29,6 +35,11 @@ def open_regular(path: str | os.PathLike[str]) -> int:
     except BaseException:
         os.close(fd)
         raise
+
+
+def open_directory(path: str | os.PathLike[str], follow_symlink: bool = False) -> int:
+    """A read-only descriptor of a directory, to list it and stat its entries relative to it."""
+    return os.open(path, _ROOT_DIRECTORY_FLAGS if follow_symlink else _DIRECTORY_FLAGS)
 
 
 def read_bytes(path: str | os.PathLike[str], limit: int) -> bytes:

@@ -32,10 +32,6 @@ HOT_RESTAT_SECONDS = 1.0
 # A generation being written is re-statted to follow its bytes and liveness, but never faster
 # than this many files per second: a 4,096-rank save costs its new files, not files x seconds.
 HOT_RESTAT_FILES_PER_SECOND = 1000
-# Below the root a directory is never entered through a symlink, even one swapped in after the
-# lstat that found it; the configured root itself may be a symlink.
-_ROOT_FLAGS = os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0)
-_DIRECTORY_FLAGS = _ROOT_FLAGS | os.O_NOFOLLOW
 
 
 class OpsBudget:
@@ -270,27 +266,34 @@ class TreeReader:
         try:
             # Everything in this directory is read relative to one descriptor: the kernel
             # resolves the long path once, not once per shard, which is most of a cold scan.
-            directory = os.open(path, _DIRECTORY_FLAGS if relative else _ROOT_FLAGS)
+            directory = fsread.open_directory(path, follow_symlink=not relative)
         except OSError as error:
             return self._unreadable(mtime_ns, relative, error, stats)
         try:
-            if changed:
-                try:
+            try:
+                if changed:
                     self.budget.spend()
-                    with os.scandir(directory) as iterator:
-                        listed = [(entry.name, _kind_of(entry)) for entry in iterator]
+                    if restat:  # every entry is statted anyway: the names are enough
+                        listed_names = os.listdir(directory)
+                    else:
+                        with os.scandir(directory) as iterator:
+                            listed = [(entry.name, _kind_of(entry)) for entry in iterator]
                     stats.listed += 1
-                except OSError as error:
-                    return self._unreadable(mtime_ns, relative, error, stats)
-            else:
+                elif restat:
+                    assert old is not None
+                    listed_names = list(old.names)
+            except OSError as error:
+                return self._unreadable(mtime_ns, relative, error, stats)
+            if restat:
+                names, kinds, sizes, mtimes, subdir_mtimes = self._stat_all(
+                    directory, relative, listed_names, stats
+                )
+            else:  # listed anew; the files known from the last listing keep their stat
                 assert old is not None
-                listed = list(zip(old.names, old.kinds, strict=True))
-            previous: dict[str, tuple[int, float]] = {}
-            if old is not None and not restat:
-                previous = {name: (size, mtime) for name, kind, size, mtime in old.entries(FILE)}
-            names, kinds, sizes, mtimes, subdir_mtimes = self._stat_entries(
-                directory, relative, listed, previous, stats
-            )
+                previous = {name: (size, mtime) for name, _, size, mtime in old.entries(FILE)}
+                names, kinds, sizes, mtimes, subdir_mtimes = self._stat_entries(
+                    directory, relative, listed, previous, stats
+                )
             contents: dict[str, bytes] = {}
             for name in self.content_names.intersection(names):
                 position = names.index(name)
@@ -322,6 +325,40 @@ class TreeReader:
             return Dir(mtime_ns, error="vanished")
         self._error(stats, relative, _reason(error))
         return Dir(mtime_ns, error=_reason(error))
+
+    def _stat_all(
+        self, directory: int, relative: str, listed: list[str], stats: ScanStats
+    ) -> tuple[list[str], list[str], array, array, dict[str, int]]:
+        """Every entry lstat-ed (a first or forced read, or a hot generation's re-stat): the
+        cold-scan path, kept to one system call and a few list operations per entry."""
+        self.budget.spend(len(listed))
+        lstat = os.lstat
+        try:
+            results = [lstat(name, dir_fd=directory) for name in listed]
+            names = listed
+        except OSError:  # one entry went or cannot be read: again, one by one
+            self.budget.spend(len(listed))
+            names, results = [], []
+            for name in listed:
+                try:
+                    results.append(lstat(name, dir_fd=directory))
+                except FileNotFoundError:
+                    continue  # removed since the listing (retention racing the scan)
+                except OSError as error:
+                    self._error(stats, _join(relative, name), _reason(error))
+                    continue
+                names.append(name)
+        stats.statted += len(results)
+        is_file = stat.S_ISREG
+        kinds = [FILE if is_file(r.st_mode) else _kind_of_mode(r.st_mode) for r in results]
+        subdir_mtimes = (
+            {n: r.st_mtime_ns for n, k, r in zip(names, kinds, results, strict=True) if k == DIR}
+            if DIR in kinds
+            else {}
+        )
+        sizes = array("q", [r.st_size for r in results])
+        mtimes = array("d", [r.st_mtime for r in results])
+        return names, kinds, sizes, mtimes, subdir_mtimes
 
     def _stat_entries(
         self,

@@ -27,7 +27,15 @@ from checkpoint_exporter.spool import Event, SpoolReader
 from checkpoint_exporter.telemetry.node import NodeTelemetry
 from checkpoint_exporter.tracker import Histogram, JobTracker, Tracker, ValidationRequest, job_paths
 from checkpoint_exporter.validate import Limits, Verdict, validate
-from checkpoint_exporter.watch import INOTIFY, POLL, Watcher, choose_mode, mount_of, read_mounts
+from checkpoint_exporter.watch import (
+    INOTIFY,
+    POLL,
+    Watcher,
+    choose_mode,
+    is_network,
+    mount_of,
+    read_mounts,
+)
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +54,9 @@ class _Tier:
     reason: str
     mountpoint: str = ""
     disk: str | None = None  # the block device whose writes count for this path
+    # The last listing and what the layout found in it: an unchanged listing is the same
+    # object, so an idle poll neither parses it again nor rebuilds the job's state.
+    parsed: tuple[Dir, list[layouts.Found]] | None = None
 
 
 @dataclass
@@ -252,7 +263,8 @@ class Scanner:
         for watched in paths:
             mount = mount_of(watched.path, self._mounts)
             mode, reason = choose_mode(policy.watch, mount)
-            network = mount is not None and mode == POLL and reason.startswith("network")
+            # Shared storage gets the budget whether it is polled or (configured so) watched.
+            network = mount is not None and is_network(mount.fstype)
             budget = self._network_budget if network else self._local_budget
             reader = TreeReader(
                 watched.path, budget, layouts.ALL_CONTENT_FILES, self.config.scan.max_depth
@@ -435,6 +447,13 @@ class Scanner:
     def _found(self, source: _Source, tier: _Tier, tree: Dir | None) -> list[layouts.Found]:
         if tree is None:
             return []
+        if tier.parsed is not None and tier.parsed[0] is tree:
+            return tier.parsed[1]
+        found = self._parse(source, tier, tree)
+        tier.parsed = (tree, found)
+        return found
+
+    def _parse(self, source: _Source, tier: _Tier, tree: Dir) -> list[layouts.Found]:
         job = self.tracker.jobs[source.name]
         name = source.fixed_layout or layouts.detect(tree)
         if name is None:

@@ -172,8 +172,8 @@ class JobTracker:
         """
         first = tier not in self._scanned
         self.just_committed = []
-        self._cached = None
         self._scanned.add(tier)
+        changed = first
         seen = set()
         requests = []
         for item in found:
@@ -181,15 +181,20 @@ class JobTracker:
             seen.add(key)
             gen = self._gens.get(key)
             if gen is None:
-                gen = self._new(tier, item, now, first)
-            else:
+                gen, changed = self._new(tier, item, now, first), True
+            elif item is not gen.found:  # the scanner passes the same Found while nothing moved
                 self._update(gen, item, now)
+                changed = True
             if item.invalid and gen.state == COMMITTED and gen.validated != gen.signature:
                 self._verdict(gen, Verdict(False, item.reason, "found by the layout"))
+                changed = True
             elif self._needs_validation(gen):
                 requests.append(ValidationRequest(self.name, tier, item.id, gen.signature, item))
         for key in [k for k in self._gens if k[0] == tier and k not in seen]:
             del self._gens[key]  # deleted (retention) or renamed away
+            changed = True
+        if changed:
+            self._cached = None  # the published state (and its rendered series) is rebuilt
         self._writing = any(gen.state == WRITING for gen in self._gens.values())
         self._update_drain()
         # Newest first, so the generation a restore would pick is judged first.

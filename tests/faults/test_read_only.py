@@ -150,7 +150,8 @@ _ALLOWED = {
     "instrument.py": "runs inside training jobs, appending to the spool",
     "spool.py": "removes spool files past spool_retention (the spool is not a watched path)",
     "restore.py": "the drill's worker writes its result to a pipe and temporary files only",
-    "fsread.py": "opens read-only, O_NOFOLLOW (its flags are checked by the test below)",
+    "fsread.py": "opens read-only, O_NOFOLLOW (its flags are checked by the test below); every "
+    "read of a watched file or directory goes through it",
     "inotify.py": "creates a pipe to wake its own thread",
 }
 
@@ -184,6 +185,11 @@ def test_only_modules_away_from_watched_paths_write_files() -> None:
         if calls and relative not in _ALLOWED:
             offenders[relative] = calls
     assert not offenders, f"file-changing calls outside the allowed modules: {offenders}"
-    flags = re.search(r"_FLAGS = (.+)", (package / "fsread.py").read_text())
-    assert flags and "O_RDONLY" in flags.group(1) and "O_NOFOLLOW" in flags.group(1)
-    assert not re.search(r"O_WRONLY|O_RDWR|O_CREAT|O_APPEND|O_TRUNC", flags.group(1))
+    fsread = (package / "fsread.py").read_text()
+    flags = dict(re.findall(r"^(_\w*FLAGS) = (.+)$", fsread, re.M))
+    assert set(flags) == {"_FLAGS", "_ROOT_DIRECTORY_FLAGS", "_DIRECTORY_FLAGS"}, flags
+    assert "O_RDONLY" in flags["_FLAGS"] and "O_NOFOLLOW" in flags["_FLAGS"]
+    assert "O_RDONLY" in flags["_ROOT_DIRECTORY_FLAGS"]
+    assert "O_NOFOLLOW" in flags["_DIRECTORY_FLAGS"]
+    for value in flags.values():
+        assert not re.search(r"O_WRONLY|O_RDWR|O_CREAT|O_APPEND|O_TRUNC", value), value
