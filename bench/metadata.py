@@ -5,8 +5,9 @@ new generation as 4,096 ranks would: every rank's shard appears over WRITE_SECON
 commits ``.metadata``. The exporter counts every metadata operation it issues on watched paths
 (``checkpoint_exporter_scan_metadata_operations_total``, spent from the scanner's budget); the
 counter is read every 0.25 s. Reported per run: operations during the save (shards appearing to
-the commit visible and validated), the highest rate over any 1 s, and operations per new file,
-against the files already there (what a design that rescanned everything would cost per pass).
+the commit visible and validated), their average rate, and operations per new file, against the
+files already there (what a design that rescanned everything would cost per pass); and the first
+scan's duration, which shows the budget at work on the NFS run.
 
 Three runs: inotify on local disk; polling every 5 s on local disk; polling on a mount the
 exporter takes for NFS (a fixture mountinfo under --path.procfs), where the configured budget
@@ -73,8 +74,10 @@ def bench_metadata_run(
             f"scan: {{metadata_ops_per_second: {budget:g}}}",
             watch=mode, poll_interval="5s", retained_generations=str(retained + 2),
         )  # fmt: skip
+        began = time.monotonic()
         with Exporter(config, *flags) as exporter:
             exporter.wait_for_jobs(1, timeout=300, files=ranks + 1)
+            first_scan = time.monotonic() - began
             # Settled: 6 s (past a poll period) in which the first scan's validations are done
             # and only the idle passes' directory lstats remain (a few dozen).
             while True:
@@ -107,18 +110,24 @@ def bench_metadata_run(
             elapsed = time.monotonic() - started
     finally:
         shutil.rmtree(base, ignore_errors=True)
+    row = _row(label, ranks, retained, elapsed, samples, budget if nfs else None)
+    return {**row, "first_scan_s": first_scan}
+
+
+def _row(
+    label: str, ranks: int, retained: int, elapsed: float,
+    samples: list[tuple[float, float]], budget: float | None,
+) -> dict[str, object]:  # fmt: skip
     operations = samples[-1][1] - samples[0][1]
-    peak = 0.0
-    for i, (at, count) in enumerate(samples):
-        later = [c for t, c in samples[i:] if t - at <= 1.0]
-        span = [t for t, c in samples[i:] if t - at <= 1.0]
-        if len(later) > 1 and span[-1] > at:
-            peak = max(peak, (later[-1] - count) / (span[-1] - at))
+    # The counter is published once per scan pass, so rates read from it are coarse: the
+    # average over the save is reported. The budget's own pacing is unit-tested
+    # (tests/test_listing.py); here it shows as the first scan's duration.
+    rate = operations / (samples[-1][0] - samples[0][0])
     return {
         "run": label, "ranks": ranks, "files_already_there": retained * (ranks + 1),
         "save_to_valid_s": elapsed, "operations": operations,
         "operations_per_new_file": operations / (ranks + 1),
-        "peak_ops_per_second": peak, "budget_ops_per_second": budget if nfs else None,
+        "ops_per_second_during_save": rate, "budget_ops_per_second": budget,
     }  # fmt: skip
 
 
@@ -134,6 +143,6 @@ def report(row: dict[str, object]) -> str:
     return (
         f"{row['run']:>30}: {row['operations']:.0f} operations for {row['ranks'] + 1} new files "
         f"({row['operations_per_new_file']:.2f} per new file; {row['files_already_there']} "
-        f"files already there), peak {row['peak_ops_per_second']:.0f}/s, "
+        f"files already there), {row['ops_per_second_during_save']:.0f}/s, "
         f"commit valid after {row['save_to_valid_s']:.1f} s"
     )

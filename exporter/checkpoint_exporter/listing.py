@@ -35,12 +35,18 @@ HOT_RESTAT_FILES_PER_SECOND = 1000
 
 
 class OpsBudget:
-    """A token bucket of metadata operations (stat, listdir, open) per second; 0 = no limit."""
+    """A token bucket of metadata operations (stat, listdir, open) per second; 0 = no limit.
+
+    The bucket holds a quarter second of operations, so no second sees much more than the
+    budget (a bucket of a whole second would let one second see twice as much)."""
+
+    BURST_SECONDS = 0.25
 
     def __init__(self, per_second: float = 0, sleep: Callable[[float], None] = time.sleep):
         self.per_second = per_second
         self.total = 0
-        self._tokens = per_second
+        self._capacity = per_second * self.BURST_SECONDS
+        self._tokens = self._capacity
         self._updated = time.monotonic()
         self._sleep = sleep
 
@@ -49,7 +55,7 @@ class OpsBudget:
         if self.per_second <= 0:
             return
         now = time.monotonic()
-        self._tokens = min(self.per_second, self._tokens + (now - self._updated) * self.per_second)
+        self._tokens = min(self._capacity, self._tokens + (now - self._updated) * self.per_second)
         self._updated = now
         self._tokens -= count
         if self._tokens < 0:
