@@ -219,5 +219,17 @@ tls_server_config:
     assert result.returncode == 2
     assert "RequestClientCert is not supported" in result.stderr
 
+    wrong_types = write_config(tmp_path, f"""
+tls_server_config:
+  cert_file: {pki.server_cert}
+  key_file: {pki.server_key}
+  client_auth_type: [RequireAndVerifyClientCert]
+  max_version: {{TLS13: true}}
+""", "wrong-types.yaml")  # fmt: skip
+    result = _serve(wrong_types)  # found by `make fuzz`: a list or mapping here was a crash
+    assert result.returncode == 2, result.stderr
+    assert "tls_server_config.client_auth_type: must be one of" in result.stderr
+    assert "tls_server_config.max_version: must be one of" in result.stderr
+
     result = _serve(tmp_path / "absent.yaml")
     assert result.returncode == 2 and "absent.yaml: file does not exist" in result.stderr

@@ -157,7 +157,7 @@ def _tls_context(tls: object, base: Path, problem: Any) -> ssl.SSLContext | None
         value = tls.get(key)
         if value is None:
             continue
-        if value not in _VERSIONS:
+        if not isinstance(value, str) or value not in _VERSIONS:
             problem(
                 f"tls_server_config.{key}", f"must be one of {', '.join(_VERSIONS)}, got {value!r}"
             )
@@ -181,6 +181,9 @@ def _tls_context(tls: object, base: Path, problem: Any) -> ssl.SSLContext | None
         problem("tls_server_config.cert_file", f"cannot load {cert} / {key}: {error}")
         return None
     auth = tls.get("client_auth_type", "NoClientCert")
+    if not isinstance(auth, str):
+        problem("tls_server_config.client_auth_type", f"must be one of {', '.join(_CLIENT_AUTH)}")
+        return None
     if auth in _UNSUPPORTED_CLIENT_AUTH:
         problem("tls_server_config.client_auth_type", f"{auth} is not supported: every client "
                 "certificate is verified here; use VerifyClientCertIfGiven or "

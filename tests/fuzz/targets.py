@@ -21,7 +21,7 @@ from checkpoint_exporter import dcp_metadata, layouts
 from checkpoint_exporter.config import ConfigError, parse_config
 from checkpoint_exporter.instrument import EVENTS
 from checkpoint_exporter.layouts.base import Options
-from checkpoint_exporter.listing import DIR, FILE, Dir
+from checkpoint_exporter.listing import DIR, FILE, LINK, OTHER, Dir
 from checkpoint_exporter.spool import SpoolReader
 from checkpoint_exporter.webconfig import load_web_config
 
@@ -54,6 +54,8 @@ def build_tree(spec: Any) -> Dir:
         entry = children[name]
         names.append(name)
         kind = entry[0]
+        if kind not in (FILE, DIR, LINK, OTHER):
+            raise ValueError(f"kind {kind!r}")  # a listing only ever holds these four
         kinds.append(kind)
         if kind == FILE:
             sizes.append(entry[1])
