@@ -1,8 +1,9 @@
-"""Reading files under watched paths: read-only, never through a symlink, never blocking.
+"""Opening files and directories under watched paths: read-only, never through a symlink, never
+blocking.
 
 Checkpoint trees on shared filesystems are written by many users. A FIFO or device planted where
 a marker file should be must not hang the exporter, and a symlink must not lead it out of the
-tree; every read of a watched file goes through here.
+tree; every open of a watched file or directory goes through here.
 """
 
 from __future__ import annotations
