@@ -71,12 +71,3 @@ def bench_detect(mode: str, commits: int = 100, poll_interval: float = 1.0) -> d
         "p99_ms": percentile(latencies, 0.99) * 1000, "max_ms": max(latencies) * 1000,
         "target_p99_ms": (poll_interval + 1) * 1000 if mode == "poll" else 1000,
     }  # fmt: skip
-
-
-def report(row: dict[str, object]) -> str:
-    how = f"poll every {row['poll_interval_s']} s" if row["mode"] == "poll" else row["mode"]
-    return (
-        f"{how:>16}: {row['commits']} commits, p50 {row['p50_ms']:.0f} ms, "
-        f"p99 {row['p99_ms']:.0f} ms, max {row['max_ms']:.0f} ms "
-        f"(target p99 <= {row['target_p99_ms']:.0f} ms)"
-    )

@@ -137,12 +137,3 @@ def bench_metadata(ranks: int = RANKS, retained: int = RETAINED) -> list[dict[st
         bench_metadata_run("poll 5 s, local disk", "poll", False, 10_000, ranks, retained),
         bench_metadata_run("poll 5 s, NFS, budget 2,000/s", "poll", True, 2_000, ranks, retained),
     ]
-
-
-def report(row: dict[str, object]) -> str:
-    return (
-        f"{row['run']:>30}: {row['operations']:.0f} operations for {row['ranks'] + 1} new files "
-        f"({row['operations_per_new_file']:.2f} per new file; {row['files_already_there']} "
-        f"files already there), {row['ops_per_second_during_save']:.0f}/s, "
-        f"commit valid after {row['save_to_valid_s']:.1f} s"
-    )

@@ -126,17 +126,6 @@ def _slowest_rules(url: str, count: int) -> list[tuple[str, float]]:
     return sorted(timed, key=lambda item: -item[1])[:count]
 
 
-def report(row: dict[str, object]) -> str:
-    groups = ", ".join(f"{name} {seconds * 1000:.0f} ms"
-                       for name, seconds in row["rule_groups_seconds"].items())  # fmt: skip
-    return (
-        f"{row['nodes']} nodes x {row['jobs']} jobs: {row['head_series']:,.0f} series "
-        f"({row['series_per_node']} per node, {row['exposition_mb']:.0f} MB per scrape round), "
-        f"scrape {row['scrape_seconds_per_target']:.1f} s per target of {row['targets']}; "
-        f"rule groups: {groups}; Prometheus RSS {row['prometheus_rss_mb']:.0f} MB"
-    )
-
-
 def bench_rules(nodes: int = 2048, jobs: int = 16, targets: int = 16) -> dict[str, object]:
     prometheus = shutil.which("prometheus")
     if prometheus is None:
