@@ -53,6 +53,10 @@ class Policy:
     watch: str = "auto"
     poll_interval: float = 5.0  # rescan period when polling (network filesystems)
     verify_checksums: bool = False  # Megatron integrity.json sha256, read at a capped rate
+    # How long a generation with no commit marker (a single-file checkpoint, DeepSpeed without
+    # `latest`) must stay unchanged before it is judged: long enough that a copy or a slow
+    # writer between two chunks is not taken for finished, short next to any deadline.
+    settle: float = 5.0
 
 
 @dataclass(frozen=True)
@@ -267,6 +271,7 @@ _POLICY_FIELDS: dict[str, Callable[[object], Any]] = {
     "watch": _choice(WATCH_MODES),
     "poll_interval": _positive_duration,
     "verify_checksums": _boolean,
+    "settle": _positive_duration,
 }
 
 
@@ -717,6 +722,7 @@ def _policy_dict(policy: Policy) -> dict[str, Any]:
         "watch": policy.watch,
         "poll_interval": format_duration(policy.poll_interval),
         "verify_checksums": policy.verify_checksums,
+        "settle": format_duration(policy.settle),
     }
 
 

@@ -44,6 +44,11 @@ class Found:
     alias: bool = False  # another name for a listed generation (Lightning's last.ckpt copy)
     reason: str | None = None  # why aborted, or why structurally invalid (e.g. bad_metadata)
     invalid: bool = False  # the layout itself found it structurally broken
+    # No commit marker in the writer's protocol (a single-file checkpoint, DeepSpeed without
+    # `latest`): the layout says WRITING, and the tracker judges the generation once it stayed
+    # unchanged for the job's settle period: committed when its checks pass (or it has none),
+    # aborted when they fail (a copy or a write cut short).
+    settles: bool = False
 
 
 @dataclass(frozen=True)
@@ -107,8 +112,14 @@ def file_generation(
     checks: tuple[Check, ...] = (),
     alias: bool = False,
 ) -> Found:
-    """A generation that is one file, committed when it appears (atomic rename)."""
-    return Found(id, step, COMMITTED, mtime, mtime, mtime, size, 1, checks, alias)
+    """A generation that is one file. Its appearance proves nothing (a move across filesystems
+    is a copy that grows in place), so it settles: judged once its size and mtime stay still."""
+    return Found(id, step, WRITING, mtime, mtime, None, size, 1, checks, alias, settles=True)
+
+
+def settling_generation(id: str, listing: Dir, step: int | None, **extra: object) -> Found:
+    """A generation directory without a commit marker, judged once still (see ``settles``)."""
+    return generation(id, listing, step, WRITING, settles=True, **extra)
 
 
 def zip_checks(listing: Dir, prefix: str, suffixes: tuple[str, ...]) -> tuple[Check, ...]:
