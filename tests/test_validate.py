@@ -93,7 +93,7 @@ def test_torch_save_zip_trailer(saved: Path, tmp_path: Path) -> None:
     cut = copy(saved / "model_states.pt", tmp_path / "cut.pt")
     os.truncate(cut, good.stat().st_size - 30)
     verdict = validate(str(tmp_path), [Check(ZIP, "cut.pt")])
-    assert (verdict.valid, verdict.reason) == (False, "truncated_shard")
+    assert (verdict.valid, verdict.reason) == (False, "bad_zip")
     assert validate(str(tmp_path), [Check(ZIP, "absent.pt")]).reason == "missing_shard"
 
 

@@ -28,10 +28,11 @@ from checkpoint_exporter.listing import Dir
 from checkpoint_exporter.untrusted import json_value
 
 MISSING_SHARD = "missing_shard"
-TRUNCATED_SHARD = "truncated_shard"
+TRUNCATED_SHARD = "truncated_shard"  # shorter than its own metadata or header says
+BAD_ZIP = "bad_zip"  # a torch.save zip without its end record: cut short or not a zip
 BAD_METADATA = "bad_metadata"
 CHECKSUM = "checksum"
-REASONS = (MISSING_SHARD, TRUNCATED_SHARD, BAD_METADATA, CHECKSUM)
+REASONS = (MISSING_SHARD, TRUNCATED_SHARD, BAD_ZIP, BAD_METADATA, CHECKSUM)
 
 _EOCD = b"PK\x05\x06"
 _ZIP64_LOCATOR = b"PK\x06\x07"
@@ -44,6 +45,7 @@ class Verdict:
     valid: bool
     reason: str | None = None  # one of REASONS when invalid
     detail: str = ""
+    step: int | None = None  # a step read inside the generation, where its name has none
 
 
 VALID = Verdict(True)
@@ -120,9 +122,9 @@ def _zip(path: str, check: Check, limits: Limits) -> None:
     except FileNotFoundError:
         raise _Invalid(MISSING_SHARD, f"{check.path} is missing") from None
     except OSError as error:
-        raise _Invalid(TRUNCATED_SHARD, f"{check.path}: {error}") from None
+        raise _Invalid(BAD_ZIP, f"{check.path}: {error}") from None
     if _end_record(tail, size) is None:
-        raise _Invalid(TRUNCATED_SHARD, f"{check.path} has no zip end-of-central-directory record")
+        raise _Invalid(BAD_ZIP, f"{check.path} has no zip end-of-central-directory record")
 
 
 def _end_record(tail: bytes, size: int) -> tuple[int, int] | None:
