@@ -41,11 +41,12 @@ IN_ISDIR = 0x40000000
 IN_NONBLOCK = os.O_NONBLOCK
 IN_CLOEXEC = os.O_CLOEXEC
 
-# No IN_MODIFY: a shard written in 1 MB chunks would send thousands of events a second, and the
-# scanner re-stats a save in progress every second anyway. Files show up when created, closed
-# after writing, renamed or deleted; that is every commit marker's way of appearing.
+# IN_MODIFY too: a file that grows after it appeared (a copy across filesystems, a single-file
+# checkpoint written in place) or a pointer rewritten in place changes no directory's mtime; the
+# event names the file, and the scanner re-stats just that file. The kernel merges repeated
+# identical events, and the scanner coalesces what is left into one pass per 0.1 s.
 MASK = (
-    IN_ATTRIB | IN_CLOSE_WRITE | IN_MOVED_FROM | IN_MOVED_TO | IN_CREATE | IN_DELETE
+    IN_MODIFY | IN_ATTRIB | IN_CLOSE_WRITE | IN_MOVED_FROM | IN_MOVED_TO | IN_CREATE | IN_DELETE
     | IN_DELETE_SELF | IN_MOVE_SELF | IN_ONLYDIR | IN_DONT_FOLLOW | IN_EXCL_UNLINK
 )  # fmt: skip
 _NEW_DIRECTORY = IN_CREATE | IN_MOVED_TO
@@ -222,7 +223,9 @@ class Watcher:
                     log.exception("handling inotify events failed")
 
     def _dispatch(self, data: bytes) -> None:
-        changed: dict[str, bytes] = {}
+        # Every distinct path per key: the scanner re-stats each file an event named (a pointer
+        # rewritten in place is seen only this way). Insertion-ordered, one call per path.
+        changed: dict[str, dict[bytes, None]] = {}
         lost: dict[str, str] = {}
         offset = 0
         while offset + _HEADER.size <= len(data):
@@ -246,13 +249,14 @@ class Watcher:
                         if reason is not None:
                             lost[root.key] = reason
             for root in roots:
-                changed.setdefault(root.key, path)
+                changed.setdefault(root.key, {})[path] = None
         for key, reason in lost.items():
             log.warning("watch of %s lost part of its tree: %s", key, reason)
             if self._on_lost is not None:
                 self._on_lost(key, reason)
-        for key, path in changed.items():
-            self._on_change(key, os.fsdecode(path))
+        for key, paths in changed.items():
+            for path in paths:
+                self._on_change(key, os.fsdecode(path))
 
     def _follow_new_directory(self, root: _Root, path: bytes) -> str | None:
         if not root.recursive:

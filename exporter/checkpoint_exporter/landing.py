@@ -12,8 +12,7 @@ import html
 import time
 
 from checkpoint_exporter import __version__
-from checkpoint_exporter.collectors.checkpoints import newest_committed
-from checkpoint_exporter.model import STAGING, JobState, Snapshot
+from checkpoint_exporter.model import STAGING, JobState, Snapshot, newest_committed
 from checkpoint_exporter.units import format_duration
 
 WIDTH, HEIGHT, LEFT, BOTTOM, TOP = 560, 150, 46, 22, 10

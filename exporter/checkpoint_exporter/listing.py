@@ -4,8 +4,15 @@ A rescan costs what changed, not the size of the tree: a directory whose mtime i
 not listed again (its subdirectories are still lstat-ed, since a change deep down only touches
 the deepest directory's mtime); a file is statted when it first appears and again only while its
 directory is *hot* (a generation being written), at most once a second and at most
-``HOT_RESTAT_FILES_PER_SECOND`` files a second. Every stat, listing and
-read is spent from an ``OpsBudget`` that caps the load on shared storage.
+``HOT_RESTAT_FILES_PER_SECOND`` files a second.
+
+Two kinds of file are exceptions, because a write to them changes no directory's mtime:
+*markers* (the files a layout reads or commits by: pointer files rewritten in place, trackers,
+``.metadata``, single-file checkpoints; ``markers`` decides) are re-statted on every read, and a
+changed one (size, mtime, inode or ctime: a rename over the name is a new file) is read again;
+*touched* files, the ones the watcher reported an event on, are re-statted on the read that
+follows. The extra cost is O(markers + touched), never O(files). Every stat, listing and read is
+spent from an ``OpsBudget`` that caps the load on shared storage.
 
 Nothing is ever written, and symlinks are recorded, never followed. The listing is built of
 immutable ``Dir`` objects; an unchanged subtree is the very same object as before, so anything
@@ -81,11 +88,13 @@ class Dir:
         "contents",
         "error",
         "kinds",
+        "markers",
         "mtime",
         "mtime_ns",
         "mtimes",
         "names",
         "sizes",
+        "stamps",
         "stat_at",
         "subdirs",
     )
@@ -101,6 +110,7 @@ class Dir:
         contents: dict[str, bytes] | None = None,
         error: str | None = None,
         stat_at: float = 0.0,
+        stamps: dict[str, tuple[int, int]] | None = None,
     ) -> None:
         self.mtime_ns = mtime_ns
         self.mtime = mtime_ns / 1e9
@@ -112,6 +122,10 @@ class Dir:
         self.contents = contents or {}
         self.error = error
         self.stat_at = stat_at
+        # Marker files only: name -> (inode, ctime ns). What tells a rewrite or a rename over
+        # the name from the same file when size and mtime (coarse on some filers) agree.
+        self.stamps = stamps or {}
+        self.markers = tuple(self.stamps)  # re-statted on every read
         self._totals: Totals | None = None
 
     def _position(self, name: str) -> int | None:
@@ -196,6 +210,7 @@ class _Pass:
     hot: frozenset[str]
     force: bool
     force_paths: frozenset[str]
+    touched: dict[str, frozenset[str]]  # directory -> names the watcher reported events on
     now: float
     stats: ScanStats
 
@@ -210,22 +225,33 @@ class TreeReader:
         content_names: Collection[str] = (),
         max_depth: int = 8,
         content_limit: int = 64 * 1024,
+        markers: Callable[[str], bool] | None = None,
     ) -> None:
         self.root = os.fspath(root)
         self.budget = budget
         self.content_names = frozenset(content_names)
+        # Content files are always markers: their bytes are what a layout decides by.
+        extra = markers or (lambda name: False)
+        self.is_marker: Callable[[str], bool] = lambda name: (
+            name in self.content_names or extra(name)
+        )
         self.max_depth = max_depth
         self.content_limit = content_limit
         self.tree: Dir | None = None
         self._reported: set[tuple[str, str]] = set()
 
     def read(
-        self, hot: Collection[str] = (), force: bool = False, force_paths: Collection[str] = ()
+        self,
+        hot: Collection[str] = (),
+        force: bool = False,
+        force_paths: Collection[str] = (),
+        touched: Collection[str] = (),
     ) -> tuple[Dir | None, ScanStats]:
         """Rescan; ``hot`` holds relative directory paths whose files are re-statted (1/s).
 
         ``force`` lists and stats everything again (the periodic reconcile); ``force_paths``
-        does so below the given relative paths only (a generation's final stat at its commit).
+        does so below the given relative paths only (a generation's final stat at its commit);
+        ``touched`` names relative file paths the watcher saw written, renamed or changed.
         """
         stats = ScanStats()
         now = time.monotonic()
@@ -241,7 +267,19 @@ class TreeReader:
             self.tree = None
             self._error(stats, "", "not a directory")
             return None, stats
-        scan = _Pass(frozenset(hot), force, frozenset(force_paths), now, stats)
+        by_directory: dict[str, set[str]] = {}
+        for path in touched:
+            directory, _, name = path.rpartition("/")
+            if name:
+                by_directory.setdefault(directory, set()).add(name)
+        scan = _Pass(
+            frozenset(hot),
+            force,
+            frozenset(force_paths),
+            {directory: frozenset(names) for directory, names in by_directory.items()},
+            now,
+            stats,
+        )
         self.tree = self._read_dir(self.root, "", root_stat.st_mtime_ns, self.tree, 0, scan)
         return self.tree, stats
 
@@ -261,13 +299,24 @@ class TreeReader:
         restat = changed and (force or old is None or old.error is not None)
         if is_hot and old is not None and now - old.stat_at >= _restat_period(len(old.names)):
             restat = True
+        recheck = self._recheck_names(old, relative, scan)
+        if not changed and not restat and recheck:
+            assert old is not None
+            rechecked = self._recheck(path, relative, old, recheck, scan)
+            if rechecked is None:
+                changed = True  # a marker vanished or changed kind: list the directory again
+            elif rechecked is not old:  # same names, fresh stats; then the subdirectories
+                subdirs, _ = self._read_subdirs(path, relative, rechecked, depth, scan)
+                rechecked.subdirs = subdirs
+                return rechecked
         if not changed and not restat:
+            assert old is not None
             subdirs, rebuilt = self._read_subdirs(path, relative, old, depth, scan)
             if not rebuilt:
                 return old  # the same object: nothing below changed
             return Dir(
                 old.mtime_ns, old.names, old.kinds, old.sizes, old.mtimes, subdirs,
-                old.contents, None, old.stat_at,
+                old.contents, None, old.stat_at, old.stamps,
             )  # fmt: skip
         try:
             # Everything in this directory is read relative to one descriptor: the kernel
@@ -291,13 +340,17 @@ class TreeReader:
             except OSError as error:
                 return self._unreadable(mtime_ns, relative, error, stats)
             if restat:
-                names, kinds, sizes, mtimes, subdir_mtimes = self._stat_all(
+                names, kinds, sizes, mtimes, subdir_mtimes, stamps = self._stat_all(
                     directory, relative, listed_names, stats
                 )
-            else:  # listed anew; the files known from the last listing keep their stat
+            else:  # listed anew; known files keep their stat, but for markers and touched ones
                 assert old is not None
-                previous = {name: (size, mtime) for name, _, size, mtime in old.entries(FILE)}
-                names, kinds, sizes, mtimes, subdir_mtimes = self._stat_entries(
+                previous = {
+                    name: (size, mtime)
+                    for name, _, size, mtime in old.entries(FILE)
+                    if name not in recheck and not self.is_marker(name)
+                }
+                names, kinds, sizes, mtimes, subdir_mtimes, stamps = self._stat_entries(
                     directory, relative, listed, previous, stats
                 )
             contents: dict[str, bytes] = {}
@@ -305,8 +358,9 @@ class TreeReader:
                 position = names.index(name)
                 if kinds[position] == FILE and sizes[position] <= self.content_limit:
                     content = self._content(
-                        path, relative, name, sizes[position], mtimes[position], old, stats
-                    )
+                        path, relative, name, sizes[position], mtimes[position],
+                        stamps.get(name), old, stats,
+                    )  # fmt: skip
                     if content is not None:
                         contents[name] = content
         finally:
@@ -323,7 +377,72 @@ class TreeReader:
                     subdirs[name] = child
         return Dir(
             mtime_ns, tuple(names), "".join(kinds), sizes, mtimes, subdirs, contents, None,
-            now if restat else (old.stat_at if old is not None else now),
+            now if restat else (old.stat_at if old is not None else now), stamps,
+        )  # fmt: skip
+
+    def _recheck_names(self, old: Dir | None, relative: str, scan: _Pass) -> frozenset[str]:
+        """Known files to stat again although their directory did not change: every marker,
+        and whatever the watcher reported an event on."""
+        if old is None:
+            return frozenset()
+        touched = scan.touched.get(relative)
+        if touched is None:
+            return frozenset(old.markers)
+        return frozenset(old.markers).union(touched)
+
+    def _recheck(
+        self, path: str, relative: str, old: Dir, names: frozenset[str], scan: _Pass
+    ) -> Dir | None:
+        """``old`` with fresh stats (and contents) for ``names``: the same object when nothing
+        changed, None when one vanished or is no longer a regular file (list again)."""
+        stats = scan.stats
+        updates: dict[int, os.stat_result] = {}
+        for name in names:
+            position = old._position(name)
+            if position is None:
+                continue  # new since the listing: the directory's mtime says so
+            if old.kinds[position] != FILE:
+                continue
+            self.budget.spend()
+            try:
+                status = os.lstat(os.path.join(path, name))
+            except FileNotFoundError:
+                return None
+            except OSError as error:
+                self._error(stats, _join(relative, name), _reason(error))
+                continue
+            stats.statted += 1
+            if not stat.S_ISREG(status.st_mode):
+                return None
+            stamp = (status.st_ino, status.st_ctime_ns)
+            if (
+                status.st_size != old.sizes[position]
+                or status.st_mtime != old.mtimes[position]
+                or old.stamps.get(name, stamp) != stamp
+            ):
+                updates[position] = status
+        if not updates:
+            return old
+        sizes, mtimes = array("q", old.sizes), array("d", old.mtimes)
+        stamps = dict(old.stamps)
+        contents = dict(old.contents)
+        for position, status in updates.items():
+            name = old.names[position]
+            sizes[position], mtimes[position] = status.st_size, status.st_mtime
+            if self.is_marker(name):
+                stamps[name] = (status.st_ino, status.st_ctime_ns)
+            if name in self.content_names:
+                contents.pop(name, None)
+                if status.st_size <= self.content_limit:
+                    content = self._content(
+                        path, relative, name, status.st_size, status.st_mtime,
+                        stamps.get(name), None, stats,
+                    )  # fmt: skip
+                    if content is not None:
+                        contents[name] = content
+        return Dir(
+            old.mtime_ns, old.names, old.kinds, sizes, mtimes, old.subdirs, contents, None,
+            old.stat_at, stamps,
         )  # fmt: skip
 
     def _unreadable(self, mtime_ns: int, relative: str, error: OSError, stats: ScanStats) -> Dir:
@@ -334,7 +453,7 @@ class TreeReader:
 
     def _stat_all(
         self, directory: int, relative: str, listed: list[str], stats: ScanStats
-    ) -> tuple[list[str], list[str], array, array, dict[str, int]]:
+    ) -> tuple[list[str], list[str], array, array, dict[str, int], dict[str, tuple[int, int]]]:
         """Every entry lstat-ed (a first or forced read, or a hot generation's re-stat): the
         cold-scan path, kept to one system call and a few list operations per entry."""
         self.budget.spend(len(listed))
@@ -364,7 +483,13 @@ class TreeReader:
         )
         sizes = array("q", [r.st_size for r in results])
         mtimes = array("d", [r.st_mtime for r in results])
-        return names, kinds, sizes, mtimes, subdir_mtimes
+        is_marker = self.is_marker
+        stamps = {
+            n: (r.st_ino, r.st_ctime_ns)
+            for n, k, r in zip(names, kinds, results, strict=True)
+            if k == FILE and is_marker(n)
+        }
+        return names, kinds, sizes, mtimes, subdir_mtimes, stamps
 
     def _stat_entries(
         self,
@@ -373,13 +498,14 @@ class TreeReader:
         listed: list[tuple[str, str]],
         previous: dict[str, tuple[int, float]],
         stats: ScanStats,
-    ) -> tuple[list[str], list[str], array, array, dict[str, int]]:
+    ) -> tuple[list[str], list[str], array, array, dict[str, int], dict[str, tuple[int, int]]]:
         """Names, kinds, sizes and mtimes of the listed entries; a file known from the last
         listing keeps its stat (``previous``), everything else is lstat-ed once."""
         names: list[str] = []
         kinds: list[str] = []
         sizes, mtimes = array("q"), array("d")
         subdir_mtimes: dict[str, int] = {}
+        stamps: dict[str, tuple[int, int]] = {}
         known = (
             sum(1 for name, kind in listed if kind == FILE and name in previous) if previous else 0
         )
@@ -402,12 +528,14 @@ class TreeReader:
                 size, mtime = entry.st_size, entry.st_mtime
                 if kind == DIR:
                     subdir_mtimes[name] = entry.st_mtime_ns
+                elif kind == FILE and self.is_marker(name):
+                    stamps[name] = (entry.st_ino, entry.st_ctime_ns)
             names.append(name)
             kinds.append(kind)
             sizes.append(size)
             mtimes.append(mtime)
         stats.statted += statted
-        return names, kinds, sizes, mtimes, subdir_mtimes
+        return names, kinds, sizes, mtimes, subdir_mtimes, stamps
 
     def _read_subdirs(
         self, path: str, relative: str, old: Dir, depth: int, scan: _Pass
@@ -456,10 +584,17 @@ class TreeReader:
         name: str,
         size: int,
         mtime: float,
+        stamp: tuple[int, int] | None,
         old: Dir | None,
         stats: ScanStats,
     ) -> bytes | None:
-        if old is not None and name in old.contents and old.file(name) == (size, mtime):
+        if (
+            old is not None
+            and name in old.contents
+            and old.file(name) == (size, mtime)
+            and stamp is not None
+            and old.stamps.get(name) == stamp
+        ):
             return old.contents[name]
         try:
             self.budget.spend()

@@ -115,6 +115,23 @@ class JobState:
     recent_saves: tuple[SaveRecord, ...] = ()  # oldest first
     recent_restores: tuple[RestoreRecord, ...] = ()
     storage_clock_skew: float | None = None  # file mtimes minus this node's clock, seconds
+    # checkpoint_last_committed_valid: the newest committed generation's verdict, or while that
+    # one is being validated, the verdict it had before (None: nothing judged yet).
+    last_committed_valid: bool | None = None
+
+
+def newest_committed(job: JobState) -> Generation | None:
+    """The generation a restore would pick: the newest committed one on the durable tier."""
+    committed = [
+        gen
+        for gen in job.generations
+        if gen.tier == DURABLE and gen.state == COMMITTED and not gen.alias
+    ]
+    return max(
+        committed,
+        key=lambda gen: (gen.commit_time or 0.0, -1 if gen.step is None else gen.step),
+        default=None,
+    )
 
 
 @dataclass(frozen=True)

@@ -11,10 +11,11 @@ already committed or aborted is history and sets gauges only, so a restart never
 from __future__ import annotations
 
 import bisect
+import logging
 import time
 from collections import Counter, OrderedDict, deque
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from checkpoint_exporter.clocks import Clocks, RestoreRun, SaveKey, Timeline, save_key
 from checkpoint_exporter.config import Config, JobConfig, Policy
@@ -37,9 +38,12 @@ from checkpoint_exporter.model import (
     SaveRecord,
     Snapshot,
     WatchedPath,
+    newest_committed,
 )
 from checkpoint_exporter.spool import Event
 from checkpoint_exporter.validate import Verdict
+
+log = logging.getLogger(__name__)
 
 # Save-duration buckets in seconds, few because every job and phase multiplies them; each job
 # adds its own deadline, the boundary its SLO counts against.
@@ -82,21 +86,32 @@ class _Gen:
     invalid_reason: str | None = None
     validated: tuple[int, int, float] | None = None  # signature the verdict is for
     pending: tuple[int, int, float] | None = None  # signature submitted for validation
+    step_inside: int | None = None  # read inside the generation by the validator
 
     @property
     def signature(self) -> tuple[int, int, float]:
         return self.found.bytes, self.found.files, self.found.last_write_time
+
+    @property
+    def commit_time(self) -> float:
+        # A generation without a marker committed when its last write ended.
+        found = self.found
+        return found.commit_time if found.commit_time is not None else found.last_write_time
+
+    def still(self, now: float, settle: float) -> bool:
+        """Unchanged for the settle period (a generation without a commit marker)."""
+        return now - self.progress_at >= settle
 
     def public(self) -> Generation:
         found = self.found
         return Generation(
             id=found.id,
             tier=self.tier,
-            step=found.step,
+            step=found.step if found.step is not None else self.step_inside,
             state=self.state,
             start_time=self.start_time,
             last_write_time=found.last_write_time,
-            commit_time=found.commit_time if self.state == COMMITTED else None,
+            commit_time=self.commit_time if self.state == COMMITTED else None,
             bytes=found.bytes,
             files=found.files,
             valid=self.valid,
@@ -143,6 +158,9 @@ class JobTracker:
     # and the abort timer only runs while a save is being written.
     _cached: JobState | None = None
     _writing: bool = False
+    # The newest committed generation's last known verdict: while a newer one is validated, the
+    # valid gauge keeps it rather than disappearing (a blinking gauge breaks `for:` and absent()).
+    _last_verdict: bool | None = None
     last_window: tuple[float, float] | None = None  # the newest finished save: start, commit
     window_telemetry: WindowTelemetry | None = None
     drain: DrainState = field(default_factory=DrainState)
@@ -188,7 +206,10 @@ class JobTracker:
             if item.invalid and gen.state == COMMITTED and gen.validated != gen.signature:
                 self._verdict(gen, Verdict(False, item.reason, "found by the layout"))
                 changed = True
-            elif self._needs_validation(gen):
+            elif self._settled(gen, now) and not gen.found.checks:
+                self._judged(gen, Verdict(True))  # nothing structural to wait for
+                changed = True
+            elif self._needs_validation(gen, now):
                 requests.append(ValidationRequest(self.name, tier, item.id, gen.signature, item))
         for key in [k for k in self._gens if k[0] == tier and k not in seen]:
             del self._gens[key]  # deleted (retention) or renamed away
@@ -206,7 +227,14 @@ class JobTracker:
         if not first:
             self._skew_samples.append(item.last_write_time - now)
         self._gens[(tier, item.id)] = gen
-        if first:
+        if first and item.settles:
+            # Found at start-up: judged at once if its files are already older than the settle
+            # period (history either way), else once they stay still.
+            if now - item.last_write_time >= self.policy.settle:
+                gen.progress_at = now - self.policy.settle
+            else:
+                gen.history = False
+        elif first:
             # History: final states set gauges only; a save whose own files stopped changing
             # longer than the deadline ago was abandoned before we started.
             if item.state == WRITING and now - item.last_write_time > self.policy.deadline:
@@ -214,13 +242,14 @@ class JobTracker:
         elif item.state == COMMITTED:
             self._commit(gen)
         elif item.state == ABORTED:
-            self._abort(gen)
+            self._abort(gen, item.reason)
         if gen.state == COMMITTED and not item.checks and not item.invalid:
             gen.valid, gen.validated = True, gen.signature  # nothing structural to check
         return gen
 
     def _update(self, gen: _Gen, item: Found, now: float) -> None:
-        if (item.bytes, item.files, item.last_write_time) != gen.signature:
+        moved = (item.bytes, item.files, item.last_write_time) != gen.signature
+        if moved:
             gen.progress_at = now
             if item.last_write_time != gen.found.last_write_time:
                 self._skew_samples.append(item.last_write_time - now)
@@ -232,19 +261,29 @@ class JobTracker:
             if not item.checks and not item.invalid:
                 gen.valid, gen.validated = True, gen.signature
         elif item.state == ABORTED and gen.state == WRITING:
-            self._abort(gen)
-        elif item.state == WRITING and gen.state == COMMITTED:
-            # The commit marker went away: the generation is being rewritten in place.
+            self._abort(gen, item.reason)
+        elif item.state == WRITING and (
+            (gen.state == COMMITTED and (moved or not item.settles))
+            or (gen.state == ABORTED and item.settles and moved)
+        ):
+            # The commit marker went away, or a generation without one changed after its
+            # verdict: it is being written again (rewritten in place, copied over), a new save.
             gen.state, gen.history = WRITING, False
             gen.valid = gen.invalid_reason = gen.validated = gen.pending = None
             gen.progress_at = now
+            gen.start_time = item.start_time if moved else gen.start_time
+        elif item.settles and moved and gen.state == WRITING:
+            gen.history = False  # it moved while we watched: a live save, counted when judged
 
     def tick(self, now: float) -> None:
         """Abort saves that made no progress for the deadline (measured on the local clock)."""
         if self._writing:
             for gen in self._gens.values():
-                if gen.state == WRITING and now - gen.progress_at > self.policy.deadline:
-                    self._abort(gen)
+                if gen.state == WRITING and self._stalled(gen, now):
+                    reason = gen.invalid_reason or (
+                        f"no progress for {self.policy.deadline:g} s since its last write"
+                    )
+                    self._abort(gen, reason)
                     self._cached = None
             self._writing = any(gen.state == WRITING for gen in self._gens.values())
         if self.clocks.saves or self.clocks.restores:
@@ -422,8 +461,23 @@ class JobTracker:
             self.restores += 1
             self.restore_failures += 0 if run.succeeded else 1
 
-    def _abort(self, gen: _Gen) -> None:
+    def _stalled(self, gen: _Gen, now: float) -> bool:
+        if gen.found.settles:
+            # Judged by its checks once still; a verdict under way is waited for, and one that
+            # found it incomplete stands only once the deadline passed without progress.
+            if gen.pending == gen.signature:
+                return False
+            return now - gen.progress_at > max(self.policy.deadline, self.policy.settle)
+        return now - gen.progress_at > self.policy.deadline
+
+    def _abort(self, gen: _Gen, reason: str | None = None) -> None:
         gen.state = ABORTED
+        if not gen.history:
+            found = gen.found
+            log.warning(
+                "save aborted: job=%s tier=%s generation=%s step=%s reason=%s",
+                self.name, gen.tier, found.id, found.step, reason or "aborted by the writer",
+            )  # fmt: skip
         if self._counts(gen):
             self.saves_aborted += 1
             found = gen.found
@@ -433,13 +487,21 @@ class JobTracker:
 
     # --- validation ------------------------------------------------------------------------
 
-    def _needs_validation(self, gen: _Gen) -> bool:
+    def _settled(self, gen: _Gen, now: float) -> bool:
+        """A generation without a commit marker, unchanged for the settle period, unjudged."""
         return (
-            gen.state == COMMITTED
-            and bool(gen.found.checks)
+            gen.state == WRITING
+            and gen.found.settles
+            and gen.still(now, self.policy.settle)
             and gen.validated != gen.signature
-            and gen.pending != gen.signature
         )
+
+    def _needs_validation(self, gen: _Gen, now: float) -> bool:
+        if not gen.found.checks or gen.pending == gen.signature:
+            return False
+        if gen.state == COMMITTED:
+            return gen.validated != gen.signature
+        return self._settled(gen, now)
 
     def submitted(self, request: ValidationRequest) -> None:
         """The request is on its way: don't ask again for the same signature."""
@@ -452,7 +514,27 @@ class JobTracker:
         gen = self._gens.get((request.tier, request.generation))
         if gen is None or gen.signature != request.signature:
             return  # gone, or changed since: a fresh request is already on its way
+        if gen.state == WRITING and gen.found.settles:
+            self._judged(gen, verdict)
+            return
         self._verdict(gen, verdict)
+
+    def _judged(self, gen: _Gen, verdict: Verdict) -> None:
+        """A generation without a commit marker, still for the settle period, was checked: whole
+        means committed (when its last write ended); incomplete stays a save in progress until
+        the deadline passes without progress (a writer may pause between two chunks)."""
+        gen.validated, gen.pending = gen.signature, None
+        if verdict.step is not None:
+            gen.step_inside = verdict.step
+        if not verdict.valid:
+            gen.invalid_reason = verdict.reason
+            return
+        if gen.history:
+            gen.state = COMMITTED  # history: gauges only
+        else:
+            self._commit(gen)
+        gen.valid, gen.invalid_reason = True, None
+        self._writing = any(g.state == WRITING for g in self._gens.values())
 
     def retry_validation(self, request: ValidationRequest) -> None:
         """The generation moved while it was read: ask again on the next scan."""
@@ -464,6 +546,8 @@ class JobTracker:
         first_verdict_of_history = gen.history and gen.validated is None
         gen.valid, gen.invalid_reason = verdict.valid, verdict.reason
         gen.validated, gen.pending = gen.signature, None
+        if verdict.step is not None:
+            gen.step_inside = verdict.step
         if not verdict.valid and verdict.reason and not first_verdict_of_history:
             self.validation_failures[verdict.reason] += 1
 
@@ -484,6 +568,16 @@ class JobTracker:
         return self._cached
 
     def _build_state(self) -> JobState:
+        state = self._job_state()
+        newest = newest_committed(state)
+        if newest is None:
+            return state
+        if newest.valid is not None:
+            self._last_verdict = newest.valid
+        # While the newest is validated, its predecessor's verdict stands until its own is known.
+        return replace(state, last_committed_valid=self._last_verdict)
+
+    def _job_state(self) -> JobState:
         return JobState(
             name=self.name,
             layout=self.layout,

@@ -172,7 +172,7 @@ class Watched:
         root: Path,
         config_dir: Path,
         watch: str = "inotify",
-        deadline: str = "15s",
+        deadline: str = "10s",
         settle: str = "2s",
         layout: str = "auto",
         extra: str = "",
@@ -187,7 +187,7 @@ jobs:
   - {{name: {JOB}, path: {root}, layout: {layout}{extra}}}
 """,
         )
-        self.exporter = Exporter("--config.file", str(config), "--log.level", "debug")
+        self.exporter = Exporter("--config.file", str(config))
 
     def figures(self) -> dict[str, float | str | None]:
         samples = parse_samples(self.exporter.metrics())
@@ -292,7 +292,7 @@ class Scenario:
     driver: Driver
     watched: Watched
     saves: int = 4
-    deadline: float = 15.0
+    deadline: float = 10.0
     settle: float = 2.0
     layout: str | None = None
     # Whether the exporter can know the step: False where the writer keeps it only inside a

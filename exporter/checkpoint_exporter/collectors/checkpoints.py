@@ -7,22 +7,15 @@ from collections.abc import Iterable
 from prometheus_client.core import Metric
 
 from checkpoint_exporter import metrics
-from checkpoint_exporter.model import COMMITTED, DURABLE, WRITING, Generation, JobState, Snapshot
+from checkpoint_exporter.model import (
+    COMMITTED,
+    DURABLE,
+    WRITING,
+    JobState,
+    Snapshot,
+    newest_committed,
+)
 from checkpoint_exporter.validate import REASONS
-
-
-def newest_committed(job: JobState) -> Generation | None:
-    """The generation a restore would pick: the newest committed one on the durable tier."""
-    committed = [
-        gen
-        for gen in job.generations
-        if gen.tier == DURABLE and gen.state == COMMITTED and not gen.alias
-    ]
-    return max(
-        committed,
-        key=lambda gen: (gen.commit_time or 0.0, -1 if gen.step is None else gen.step),
-        default=None,
-    )
 
 
 class CheckpointsCollector(metrics.SnapshotCollector):
@@ -57,8 +50,8 @@ class CheckpointsCollector(metrics.SnapshotCollector):
                 out[metrics.LAST_COMMITTED_STEP].add_metric(name, newest.step)
             out[metrics.LAST_COMMITTED_SIZE].add_metric(name, newest.bytes)
             out[metrics.LAST_COMMITTED_FILES].add_metric(name, newest.files)
-            if newest.valid is not None:
-                out[metrics.LAST_COMMITTED_VALID].add_metric(name, 1 if newest.valid else 0)
+        if job.last_committed_valid is not None:
+            out[metrics.LAST_COMMITTED_VALID].add_metric(name, 1 if job.last_committed_valid else 0)
         phases = dict(job.last_phases)
         if not phases and newest is not None and newest.commit_time is not None:
             phases = {"total": max(0.0, newest.commit_time - newest.start_time)}  # disk only

@@ -36,6 +36,28 @@ REGISTRY: dict[str, Layout] = {
 # Marker files any layout may need to read, so auto-detection can see them all.
 ALL_CONTENT_FILES = frozenset().union(*(layout.content_files for layout in REGISTRY.values()))
 
+# Files whose stat decides a commit and that a writer may replace without touching their
+# directory's mtime (rewritten in place, or renamed over): re-statted on every read of their
+# directory (listing.TreeReader ``markers``). Content files are markers too. Per-rank state files
+# (DeepSpeed's ``*_states.pt``, Megatron's ``mp_rank_*``) are not: one stat per rank per
+# generation on every read would make the cost O(files); a generation being written is
+# re-statted while hot, and inotify reports rewrites of any file.
+MARKER_NAMES = ALL_CONTENT_FILES | frozenset(
+    {
+        ".metadata",  # DCP's commit (renamed from .metadata.tmp)
+        "metadata.json",  # Megatron torch_dist
+        "trainer_state.json",  # Hugging Face Trainer's last write
+        "commit_success.txt",  # Orbax on non-atomic filesystems
+        "meta.pt",  # Lightning sharded checkpoints
+        "model.safetensors.index.json",  # save_pretrained, torchtitan's HF export
+    }
+)
+MARKER_SUFFIXES = (".ckpt", ".safetensors")  # single-file checkpoints, overwritten in place
+
+
+def is_marker(name: str) -> bool:
+    return name in MARKER_NAMES or name.endswith(MARKER_SUFFIXES)
+
 
 def detect(root: Dir) -> str | None:
     """The layout whose writer most surely produced ``root``; None while nothing tells."""
@@ -47,4 +69,13 @@ def detect(root: Dir) -> str | None:
     return best
 
 
-__all__ = ["ALL_CONTENT_FILES", "REGISTRY", "Found", "Layout", "Options", "detect"]
+__all__ = [
+    "ALL_CONTENT_FILES",
+    "MARKER_NAMES",
+    "REGISTRY",
+    "Found",
+    "Layout",
+    "Options",
+    "detect",
+    "is_marker",
+]
