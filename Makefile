@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 CODE := exporter tests bench
 
 .DEFAULT_GOAL := help
-.PHONY: help venv toolchain test lint generate bench fuzz demo clean
+.PHONY: help venv toolchain writers test lint generate bench fuzz demo clean
 
 help:
 	@echo "make demo      a simulated cluster watched by the exporter; prints the URLs"
@@ -29,12 +29,16 @@ venv: $(INSTALLED)
 toolchain:
 	@scripts/ensure-toolchain
 
+# The real checkpoint libraries the writers tier (tests/writers/) drives, in their own virtualenvs.
+writers:
+	@PYTHON=$(PYTHON) scripts/ensure-writers
+
 # The prometheus-operator schemas the manifest tests validate against (npm, tests only).
 tests/k8s/node_modules: tests/k8s/package-lock.json
 	npm ci --prefix tests/k8s --no-audit --no-fund --loglevel=error
 	@touch $@
 
-test: venv toolchain tests/k8s/node_modules
+test: venv toolchain writers tests/k8s/node_modules
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: venv
@@ -66,4 +70,4 @@ demo: venv
 	$(BIN)/checkpoint-exporter demo $(DEMO_ARGS)
 
 clean:
-	rm -rf $(VENV) bench/results test-artifacts tests/k8s/node_modules .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .venv-writers bench/results test-artifacts tests/k8s/node_modules .pytest_cache .ruff_cache .hypothesis

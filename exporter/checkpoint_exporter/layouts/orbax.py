@@ -1,10 +1,33 @@
-"""Orbax ``CheckpointManager``: step directories ``<prefix_>?N/``.
+"""Orbax ``CheckpointManager``: step directories ``<prefix_>?N/`` below the job's directory.
 
-On POSIX a step is written as ``N.orbax-checkpoint-tmp`` and renamed to ``N`` on commit; on
-object stores (and, since late 2026, everywhere) ``commit_success.txt`` marks the commit. A tree
-where any step has that file uses commit files, so a step without it is still being written.
-``_CHECKPOINT_METADATA`` records the writer's own init and commit timestamps, which are the
-start and commit times when present.
+Checked against orbax-checkpoint 0.12.8 (``checkpoint_manager.py`` ``save``/``_finalize``,
+``_src/path/atomicity.py``, ``atomicity_defaults.py``, ``temporary_paths.py``, ``deleter.py``) by
+running it on JAX 0.10.2 (tests/writers/drivers/orbax.py). One save, on a local path:
+
+1. ``_create_tmp_directory`` removes a leftover ``N.orbax-checkpoint-tmp``, creates it and writes
+   ``_CHECKPOINT_METADATA`` (JSON) with ``init_timestamp_nsecs`` and a null commit timestamp.
+2. Each item (``default`` for a single pytree) is written into ``<item>.orbax-checkpoint-tmp/``
+   (tensorstore OCDBT: ``ocdbt.process_0/``, ``manifest.ocdbt``, ``_METADATA``, ...). With
+   ``enable_async_checkpointing`` (the default) ``save`` returns here and a ``save_finalize``
+   thread does the rest; without it, ``save`` does it inline.
+3. Each item gets its own ``commit_success.txt`` and is renamed to ``<item>/``; then the step:
+   ``_CHECKPOINT_METADATA`` is rewritten in place with ``commit_timestamp_nsecs``,
+   ``commit_success.txt`` is written, and ``N.orbax-checkpoint-tmp`` is renamed to ``N``, the
+   commit (``AtomicRenameTemporaryPath.finalize``).
+4. Steps beyond ``max_to_keep`` are then deleted in place (``rmtree``, or a parallel per-file
+   delete), or moved into ``<todelete_subdir>/N`` when that option is set.
+
+On ``gs://`` paths, or with ``AtomicityMode.COMMIT_FILE``, ``CommitFileTemporaryPath`` writes the
+step under its final name and ``commit_success.txt``, written last, is the commit. Since 0.12.5
+the rename mode writes that file too, so a tree where any step has it may be a commit-file tree:
+there, a step without it is still being written, unless its ``_CHECKPOINT_METADATA`` recorded
+the commit (a step renamed by an Orbax before 0.12.5, or a commit-file save in the instant
+between its commit timestamp and its marker). Orbax never saves a step at or below its newest
+one (``should_save``), so a tmp directory whose step is not above the newest committed step was
+abandoned. Tmp names had a ``-<timestamp>`` or counter suffix before 2025-07.
+
+A step being deleted in place can lose both marker files before its data: in a commit-file
+tree it then reads as being written, for the moment until it is gone.
 """
 
 from __future__ import annotations
@@ -69,7 +92,7 @@ def parse(root: Dir, options: Options) -> list[Found]:
         step = int(_STEP_DIR.fullmatch(name).group(1))  # type: ignore[union-attr]
         init, commit, unreadable = _timestamps(child)
         marker = child.file(COMMIT_FILE)
-        if commit_files and marker is None:
+        if commit_files and marker is None and commit is None:
             found.append(_with_start(generation(name, child, step, WRITING), init))
             continue
         committed_at = commit or (marker[1] if marker else child.totals().max_mtime)
