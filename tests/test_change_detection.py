@@ -1,0 +1,194 @@
+"""Writes that change no directory's mtime, and generations without a commit marker.
+
+The real writers do both: DeepSpeed and Megatron-LM rewrite their pointer file in place,
+DCP renames `.metadata` over a name, a move across filesystems is a copy that grows in place, and
+a single-file checkpoint has no marker at all. The writers tier (tests/writers/) proves it live;
+these pin each rule down.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from checkpoint_exporter import layouts
+from checkpoint_exporter.config import Policy
+from checkpoint_exporter.layouts.base import ZIP, Check, Found, file_generation
+from checkpoint_exporter.listing import OpsBudget, TreeReader
+from checkpoint_exporter.model import ABORTED, COMMITTED, DURABLE, WRITING, WatchedPath
+from checkpoint_exporter.tracker import JobTracker
+from checkpoint_exporter.validate import Verdict
+
+T = 1_800_000_000.0
+
+
+def reader(root: Path) -> TreeReader:
+    return TreeReader(root, OpsBudget(), layouts.ALL_CONTENT_FILES, markers=layouts.is_marker)
+
+
+def rewrite_in_place(path: Path, text: str, mtime: float | None = None) -> None:
+    with open(path, "w") as handle:  # O_TRUNC on the same inode: the directory is untouched
+        handle.write(text)
+    if mtime is not None:
+        os.utime(path, (mtime, mtime))
+
+
+# --- listing -------------------------------------------------------------------------------
+
+
+def test_a_pointer_rewritten_in_place_is_read_again(tmp_path: Path) -> None:
+    (tmp_path / "global_step1").mkdir()
+    (tmp_path / "global_step2").mkdir()
+    rewrite_in_place(tmp_path / "latest", "global_step1")
+    tree_reader = reader(tmp_path)
+    tree, _ = tree_reader.read()
+    assert tree.contents["latest"] == b"global_step1"
+    root_mtime = os.stat(tmp_path).st_mtime_ns
+    rewrite_in_place(tmp_path / "latest", "global_step2")
+    assert os.stat(tmp_path).st_mtime_ns == root_mtime  # nothing a directory listing would see
+    tree, stats = tree_reader.read()
+    assert tree.contents["latest"] == b"global_step2"
+    assert stats.listed == 0  # re-statted, not relisted
+
+
+def test_same_size_same_mtime_rewrite_is_told_by_ctime(tmp_path: Path) -> None:
+    """Filers with one-second mtimes: the same length written twice within a second."""
+    rewrite_in_place(tmp_path / "latest_checkpointed_iteration.txt", "100", mtime=T)
+    tree_reader = reader(tmp_path)
+    tree, _ = tree_reader.read()
+    rewrite_in_place(tmp_path / "latest_checkpointed_iteration.txt", "200", mtime=T)
+    tree, _ = tree_reader.read()
+    assert tree.contents["latest_checkpointed_iteration.txt"] == b"200"
+
+
+def test_a_rename_over_a_known_name_is_a_new_file(tmp_path: Path) -> None:
+    step = tmp_path / "step-1"
+    step.mkdir()
+    (step / ".metadata").write_bytes(b"x" * 10)
+    tree_reader = reader(tmp_path)
+    tree_reader.read()
+    (step / ".metadata.tmp").write_bytes(b"y" * 99)
+    os.replace(step / ".metadata.tmp", step / ".metadata")
+    tree, _ = tree_reader.read()
+    assert tree.subdirs["step-1"].file(".metadata")[0] == 99
+
+
+def test_a_file_that_grows_after_it_appeared_keeps_growing(tmp_path: Path) -> None:
+    checkpoint = tmp_path / "epoch=0-step=10.ckpt"
+    checkpoint.write_bytes(b"z" * 10)
+    tree_reader = reader(tmp_path)
+    tree_reader.read()
+    with open(checkpoint, "ab") as handle:  # a copy across filesystems, still going
+        handle.write(b"z" * 5000)
+    tree, _ = tree_reader.read()
+    assert tree.file("epoch=0-step=10.ckpt")[0] == 5010
+
+
+def test_a_file_the_watcher_named_is_restatted(tmp_path: Path) -> None:
+    step = tmp_path / "step-1"
+    step.mkdir()
+    shard = step / "__0_0.distcp"
+    shard.write_bytes(b"a" * 10)
+    tree_reader = reader(tmp_path)
+    tree_reader.read()
+    rewrite_in_place(shard, "b" * 40)
+    tree, _ = tree_reader.read()
+    assert tree.subdirs["step-1"].file("__0_0.distcp")[0] == 10  # not a marker: not re-statted
+    tree, _ = tree_reader.read(touched=["step-1/__0_0.distcp"])
+    assert tree.subdirs["step-1"].file("__0_0.distcp")[0] == 40
+
+
+def test_markers_cost_one_stat_each_and_unchanged_ones_keep_the_tree(tmp_path: Path) -> None:
+    for step in range(3):
+        directory = tmp_path / f"step-{step}"
+        directory.mkdir()
+        for rank in range(50):
+            (directory / f"__{rank}_0.distcp").write_bytes(b"s")
+        (directory / ".metadata").write_bytes(b"m")
+    tree_reader = reader(tmp_path)
+    first, _ = tree_reader.read()
+    again, stats = tree_reader.read()
+    assert (stats.listed, stats.statted) == (0, 3 + 3)  # three directories, three markers
+    assert again is first
+
+
+# --- tracker -------------------------------------------------------------------------------
+
+
+def job(deadline: float = 30, settle: float = 5) -> JobTracker:
+    return JobTracker("j", (WatchedPath(DURABLE, "/x"),), Policy(deadline=deadline, settle=settle))
+
+
+def single(size: int, mtime: float, name: str = "last.ckpt") -> Found:
+    return file_generation(name, size, mtime, None, (Check(ZIP, name),))
+
+
+def test_a_generation_without_marker_commits_once_still_and_whole() -> None:
+    tracker = job()
+    tracker.observe(DURABLE, [], T)
+    assert tracker.observe(DURABLE, [single(10, T + 1)], T + 1) == []
+    assert tracker.observe(DURABLE, [single(500, T + 2)], T + 2) == []  # still growing
+    assert tracker.observe(DURABLE, [single(500, T + 2)], T + 6.9) == []  # not still long enough
+    assert tracker.state().generations[0].state == WRITING
+    (request,) = tracker.observe(DURABLE, [single(500, T + 2)], T + 7)
+    tracker.submitted(request)
+    tracker.apply_verdict(request, Verdict(True, step=42))
+    state = tracker.state()
+    (generation,) = state.generations
+    assert (generation.state, generation.valid, generation.step) == (COMMITTED, True, 42)
+    assert generation.commit_time == T + 2  # when its last write ended
+    assert (state.saves_committed, state.saves_aborted, state.last_committed_valid) == (1, 0, True)
+
+
+def test_an_incomplete_one_is_aborted_at_the_deadline_not_at_the_settle(caplog) -> None:
+    tracker = job(deadline=30, settle=5)
+    tracker.observe(DURABLE, [], T)
+    tracker.observe(DURABLE, [single(500, T + 1)], T + 1)
+    (request,) = tracker.observe(DURABLE, [single(500, T + 1)], T + 6)
+    tracker.submitted(request)
+    tracker.apply_verdict(request, Verdict(False, "bad_zip", "no end record"))
+    tracker.tick(T + 20)  # a writer may pause between two chunks: not yet
+    assert tracker.state().generations[0].state == WRITING
+    with caplog.at_level(logging.WARNING):
+        tracker.tick(T + 31.1)
+    state = tracker.state()
+    assert (state.generations[0].state, state.saves_aborted) == (ABORTED, 1)
+    assert "save aborted: job=j" in caplog.text and "reason=bad_zip" in caplog.text
+
+
+def test_found_at_start_up_it_is_history_judged_at_once() -> None:
+    tracker = job()
+    (request,) = tracker.observe(DURABLE, [single(500, T)], T + 3600)
+    tracker.submitted(request)
+    tracker.apply_verdict(request, Verdict(True))
+    state = tracker.state()
+    assert (state.generations[0].state, state.saves_committed) == (COMMITTED, 0)
+
+
+def test_rewritten_after_its_verdict_it_is_a_new_save() -> None:
+    tracker = job()
+    tracker.observe(DURABLE, [], T)
+    tracker.observe(DURABLE, [single(500, T + 1)], T + 1)
+    (request,) = tracker.observe(DURABLE, [single(500, T + 1)], T + 7)
+    tracker.apply_verdict(request, Verdict(True))
+    tracker.observe(DURABLE, [single(700, T + 60)], T + 60)  # last.ckpt saved again
+    assert tracker.state().generations[0].state == WRITING
+    (request,) = tracker.observe(DURABLE, [single(700, T + 60)], T + 66)
+    tracker.apply_verdict(request, Verdict(True))
+    state = tracker.state()
+    assert (state.generations[0].state, state.saves_committed) == (COMMITTED, 2)
+
+
+def test_the_valid_gauge_keeps_its_verdict_while_a_newer_generation_is_validated() -> None:
+    tracker = job()
+    old = Found("step-1", 1, COMMITTED, T, T + 1, T + 1, 10, 1, (Check(ZIP, "a"),))
+    (request,) = tracker.observe(DURABLE, [old], T + 2)
+    tracker.apply_verdict(request, Verdict(True))
+    assert tracker.state().last_committed_valid is True
+    new = Found("step-2", 2, COMMITTED, T + 10, T + 11, T + 11, 10, 1, (Check(ZIP, "b"),))
+    (request,) = tracker.observe(DURABLE, [old, new], T + 12)
+    state = tracker.state()
+    assert state.last_committed_valid is True  # not absent while step-2 is checked
+    tracker.apply_verdict(request, Verdict(False, "bad_zip"))
+    assert tracker.state().last_committed_valid is False
