@@ -17,6 +17,7 @@ is on disk (``disk_bytes``), never what the exporter's layouts think.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -117,17 +118,13 @@ class Driver:
 
     def close(self) -> None:
         if self.process.poll() is None:
-            try:
-                self.command("quit", "never", timeout=5)
-            except (AssertionError, BrokenPipeError, OSError):
-                pass
+            with contextlib.suppress(AssertionError, OSError):
+                self.command("quit", "bye", timeout=5)
         self.kill()
         for stream in (self.process.stdin, self.process.stdout, self.process.stderr):
             if stream:
-                try:
+                with contextlib.suppress(OSError):
                     stream.close()
-                except OSError:
-                    pass
 
 
 def disk_bytes(path: str | Path) -> int:

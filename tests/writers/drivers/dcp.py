@@ -13,9 +13,8 @@ from pathlib import Path
 
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import filesystem
-
 from common import hang_here, serve
+from torch.distributed.checkpoint import filesystem
 
 ROOT = Path(sys.argv[1])
 KEEP = 3
