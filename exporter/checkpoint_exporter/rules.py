@@ -159,7 +159,7 @@ _DESCRIPTIONS = {
     "CheckpointSaveHung": "{{ $labels.training_job }}: a save started {{ $value | humanizeDuration }} ago and has not committed.",
     "CheckpointSavesPilingUp": "{{ $labels.training_job }}: {{ $value }} saves are in progress at once.",
     "CheckpointSaveAborted": "{{ $labels.training_job }}: {{ $value | humanize }} save(s) were abandoned in the last {window}.",
-    "CheckpointInvalid": "{{ $labels.training_job }}: the newest committed checkpoint failed validation (missing or truncated shard, or bad metadata).",
+    "CheckpointInvalid": "{{ $labels.training_job }}: the newest committed checkpoint failed validation (missing or truncated shard, bad zip, bad metadata or checksum).",
     "CheckpointRestoreFailed": "{{ $labels.training_job }}: {{ $value | humanize }} restore(s) failed in the last {window}.",
     "CheckpointRestoreDrillOverdue": "{{ $labels.training_job }}: no successful restore for longer than its restore_drill_max_age ({{ $value | humanizeDuration }}).",
     "CheckpointDrainFallingBehind": "{{ $labels.training_job }} on {{ $labels.instance }}: staging receives {{ $value | humanize1024 }}B/s, more than drains to durable storage.",
