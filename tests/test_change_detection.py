@@ -24,7 +24,13 @@ T = 1_800_000_000.0
 
 
 def reader(root: Path) -> TreeReader:
-    return TreeReader(root, OpsBudget(), layouts.ALL_CONTENT_FILES, markers=layouts.is_marker)
+    return TreeReader(
+        root,
+        OpsBudget(),
+        layouts.ALL_CONTENT_FILES,
+        marker_names=layouts.MARKER_NAMES,
+        marker_suffixes=layouts.MARKER_SUFFIXES,
+    )
 
 
 def rewrite_in_place(path: Path, text: str, mtime: float | None = None) -> None:

@@ -225,16 +225,15 @@ class TreeReader:
         content_names: Collection[str] = (),
         max_depth: int = 8,
         content_limit: int = 64 * 1024,
-        markers: Callable[[str], bool] | None = None,
+        marker_names: Collection[str] = (),
+        marker_suffixes: tuple[str, ...] = (),
     ) -> None:
         self.root = os.fspath(root)
         self.budget = budget
         self.content_names = frozenset(content_names)
         # Content files are always markers: their bytes are what a layout decides by.
-        extra = markers or (lambda name: False)
-        self.is_marker: Callable[[str], bool] = lambda name: (
-            name in self.content_names or extra(name)
-        )
+        self.marker_names = self.content_names.union(marker_names)
+        self.marker_suffixes = marker_suffixes
         self.max_depth = max_depth
         self.content_limit = content_limit
         self.tree: Dir | None = None
@@ -348,7 +347,7 @@ class TreeReader:
                 previous = {
                     name: (size, mtime)
                     for name, _, size, mtime in old.entries(FILE)
-                    if name not in recheck and not self.is_marker(name)
+                    if name not in recheck  # old markers are in it; new ones are statted
                 }
                 names, kinds, sizes, mtimes, subdir_mtimes, stamps = self._stat_entries(
                     directory, relative, listed, previous, stats
@@ -379,6 +378,19 @@ class TreeReader:
             mtime_ns, tuple(names), "".join(kinds), sizes, mtimes, subdirs, contents, None,
             now if restat else (old.stat_at if old is not None else now), stamps,
         )  # fmt: skip
+
+    def is_marker(self, name: str) -> bool:
+        return name in self.marker_names or name.endswith(self.marker_suffixes)
+
+    def _markers_among(self, names: list[str]) -> set[str]:
+        """The marker names in a listing, at C speed for the common case: a shard directory of
+        thousands of files holds none, and a cold scan must stay close to `find`."""
+        found = set(self.marker_names.intersection(names))
+        if self.marker_suffixes and names:
+            joined = "\n".join(names) + "\n"
+            if any(suffix + "\n" in joined for suffix in self.marker_suffixes):
+                found.update(name for name in names if name.endswith(self.marker_suffixes))
+        return found
 
     def _recheck_names(self, old: Dir | None, relative: str, scan: _Pass) -> frozenset[str]:
         """Known files to stat again although their directory did not change: every marker,
@@ -483,12 +495,11 @@ class TreeReader:
         )
         sizes = array("q", [r.st_size for r in results])
         mtimes = array("d", [r.st_mtime for r in results])
-        is_marker = self.is_marker
-        stamps = {
-            n: (r.st_ino, r.st_ctime_ns)
-            for n, k, r in zip(names, kinds, results, strict=True)
-            if k == FILE and is_marker(n)
-        }
+        stamps = {}
+        for name in self._markers_among(names):
+            position = names.index(name)
+            if kinds[position] == FILE:
+                stamps[name] = (results[position].st_ino, results[position].st_ctime_ns)
         return names, kinds, sizes, mtimes, subdir_mtimes, stamps
 
     def _stat_entries(

@@ -278,7 +278,8 @@ class Scanner:
                 budget,
                 layouts.ALL_CONTENT_FILES,
                 self.config.scan.max_depth,
-                markers=layouts.is_marker,
+                marker_names=layouts.MARKER_NAMES,
+                marker_suffixes=layouts.MARKER_SUFFIXES,
             )
             if mode == INOTIFY and self.watcher is not None:
                 failure = self.watcher.watch(

@@ -38,10 +38,10 @@ ALL_CONTENT_FILES = frozenset().union(*(layout.content_files for layout in REGIS
 
 # Files whose stat decides a commit and that a writer may replace without touching their
 # directory's mtime (rewritten in place, or renamed over): re-statted on every read of their
-# directory (listing.TreeReader ``markers``). Content files are markers too. Per-rank state files
-# (DeepSpeed's ``*_states.pt``, Megatron's ``mp_rank_*``) are not: one stat per rank per
-# generation on every read would make the cost O(files); a generation being written is
-# re-statted while hot, and inotify reports rewrites of any file.
+# directory (listing.TreeReader's marker_names and marker_suffixes). Content files are markers
+# too. Per-rank state files (DeepSpeed's ``*_states.pt``, Megatron's ``mp_rank_*``) are not: one
+# stat per rank per generation on every read would make the cost O(files); a generation being
+# written is re-statted while hot, and inotify reports rewrites of any file.
 MARKER_NAMES = ALL_CONTENT_FILES | frozenset(
     {
         ".metadata",  # DCP's commit (renamed from .metadata.tmp)
@@ -53,10 +53,6 @@ MARKER_NAMES = ALL_CONTENT_FILES | frozenset(
     }
 )
 MARKER_SUFFIXES = (".ckpt", ".safetensors")  # single-file checkpoints, overwritten in place
-
-
-def is_marker(name: str) -> bool:
-    return name in MARKER_NAMES or name.endswith(MARKER_SUFFIXES)
 
 
 def detect(root: Dir) -> str | None:
@@ -72,10 +68,10 @@ def detect(root: Dir) -> str | None:
 __all__ = [
     "ALL_CONTENT_FILES",
     "MARKER_NAMES",
+    "MARKER_SUFFIXES",
     "REGISTRY",
     "Found",
     "Layout",
     "Options",
     "detect",
-    "is_marker",
 ]
