@@ -24,9 +24,10 @@ class NotRegularFile(OSError):
     pass
 
 
-def open_regular(path: str | os.PathLike[str]) -> int:
-    """A read-only descriptor of a regular file; refuses symlinks, FIFOs and devices."""
-    fd = os.open(path, _FLAGS)
+def open_regular(path: str | os.PathLike[str], dir_fd: int | None = None) -> int:
+    """A read-only descriptor of a regular file; refuses symlinks, FIFOs and devices.
+    With ``dir_fd``, ``path`` is a name in that directory (nothing above it is resolved again)."""
+    fd = os.open(path, _FLAGS, dir_fd=dir_fd)
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
@@ -38,14 +39,19 @@ def open_regular(path: str | os.PathLike[str]) -> int:
         raise
 
 
-def open_directory(path: str | os.PathLike[str], follow_symlink: bool = False) -> int:
-    """A read-only descriptor of a directory, to list it and stat its entries relative to it."""
-    return os.open(path, _ROOT_DIRECTORY_FLAGS if follow_symlink else _DIRECTORY_FLAGS)
+def open_directory(
+    path: str | os.PathLike[str], follow_symlink: bool = False, dir_fd: int | None = None
+) -> int:
+    """A read-only descriptor of a directory, to list it and stat its entries relative to it.
+    With ``dir_fd``, ``path`` is a name in that directory: a tree walked this way cannot be led
+    out of its root by a directory swapped for a symlink between two looks."""
+    flags = _ROOT_DIRECTORY_FLAGS if follow_symlink else _DIRECTORY_FLAGS
+    return os.open(path, flags, dir_fd=dir_fd)
 
 
-def read_bytes(path: str | os.PathLike[str], limit: int) -> bytes:
+def read_bytes(path: str | os.PathLike[str], limit: int, dir_fd: int | None = None) -> bytes:
     """The whole file, refusing one larger than ``limit`` bytes."""
-    fd = open_regular(path)
+    fd = open_regular(path, dir_fd)
     try:
         size = os.fstat(fd).st_size
         if size > limit:

@@ -227,8 +227,14 @@ class TreeReader:
         content_limit: int = 64 * 1024,
         marker_names: Collection[str] = (),
         marker_suffixes: tuple[str, ...] = (),
+        follow_root_symlink: bool | None = None,
     ) -> None:
         self.root = os.fspath(root)
+        # A configured root may be a symlink (the operator's choice); one that becomes a
+        # symlink later, or a discovered job's root (a tenant's directory), is not followed.
+        if follow_root_symlink is None:
+            follow_root_symlink = os.path.islink(self.root)
+        self.follow_root_symlink = follow_root_symlink
         self.budget = budget
         self.content_names = frozenset(content_names)
         # Content files are always markers: their bytes are what a layout decides by.
@@ -256,15 +262,15 @@ class TreeReader:
         now = time.monotonic()
         try:
             self.budget.spend()
-            root_stat = os.stat(self.root)  # the configured root itself may be a symlink
+            root = fsread.open_directory(self.root, follow_symlink=self.follow_root_symlink)
         except OSError as error:
             self.tree = None
-            if error.errno != errno.ENOENT:
+            if error.errno in (errno.ELOOP, errno.ENOTDIR) and os.path.islink(self.root):
+                self._error(stats, "", "is a symlink: not followed")
+            elif error.errno == errno.ENOTDIR:
+                self._error(stats, "", "not a directory")
+            elif error.errno != errno.ENOENT:
                 self._error(stats, "", _reason(error))
-            return None, stats
-        if not stat.S_ISDIR(root_stat.st_mode):
-            self.tree = None
-            self._error(stats, "", "not a directory")
             return None, stats
         by_directory: dict[str, set[str]] = {}
         for path in touched:
@@ -279,7 +285,11 @@ class TreeReader:
             now,
             stats,
         )
-        self.tree = self._read_dir(self.root, "", root_stat.st_mtime_ns, self.tree, 0, scan)
+        try:
+            mtime_ns = os.fstat(root).st_mtime_ns
+            self.tree = self._read_dir(root, self.root, "", mtime_ns, self.tree, 0, scan)
+        finally:
+            os.close(root)
         return self.tree, stats
 
     def _error(self, stats: ScanStats, relative: str, reason: str) -> None:
@@ -289,8 +299,17 @@ class TreeReader:
             log.warning("cannot read %s: %s", os.path.join(self.root, relative), reason)
 
     def _read_dir(
-        self, path: str, relative: str, mtime_ns: int, old: Dir | None, depth: int, scan: _Pass
+        self,
+        directory: int,
+        path: str,
+        relative: str,
+        mtime_ns: int,
+        old: Dir | None,
+        depth: int,
+        scan: _Pass,
     ) -> Dir:
+        """Read the directory open as ``directory`` (the caller closes it); ``path`` only names
+        it in messages: every entry is reached relative to a descriptor, never by path."""
         now, stats = scan.now, scan.stats
         force = scan.force or _is_under(relative, scan.force_paths)
         is_hot = _is_under(relative, scan.hot)
@@ -301,77 +320,73 @@ class TreeReader:
         recheck = self._recheck_names(old, relative, scan)
         if not changed and not restat and recheck:
             assert old is not None
-            rechecked = self._recheck(path, relative, old, recheck, scan)
+            rechecked = self._recheck(directory, relative, old, recheck, scan)
             if rechecked is None:
                 changed = True  # a marker vanished or changed kind: list the directory again
             elif rechecked is not old:  # same names, fresh stats; then the subdirectories
-                subdirs, _ = self._read_subdirs(path, relative, rechecked, depth, scan)
+                subdirs, _ = self._read_subdirs(directory, path, relative, rechecked, depth, scan)
                 rechecked.subdirs = subdirs
                 return rechecked
         if not changed and not restat:
             assert old is not None
-            subdirs, rebuilt = self._read_subdirs(path, relative, old, depth, scan)
+            subdirs, rebuilt = self._read_subdirs(directory, path, relative, old, depth, scan)
             if not rebuilt:
                 return old  # the same object: nothing below changed
             return Dir(
                 old.mtime_ns, old.names, old.kinds, old.sizes, old.mtimes, subdirs,
                 old.contents, None, old.stat_at, old.stamps,
             )  # fmt: skip
+        # Everything in this directory is read relative to its descriptor: the kernel resolves
+        # the long path once, not once per shard (most of a cold scan), and nothing is reached
+        # through a symlink swapped in above it.
         try:
-            # Everything in this directory is read relative to one descriptor: the kernel
-            # resolves the long path once, not once per shard, which is most of a cold scan.
-            directory = fsread.open_directory(path, follow_symlink=not relative)
+            if changed:
+                self.budget.spend()
+                if restat:  # every entry is statted anyway: the names are enough
+                    listed_names = os.listdir(directory)
+                else:
+                    with os.scandir(directory) as iterator:
+                        listed = [(entry.name, _kind_of(entry)) for entry in iterator]
+                stats.listed += 1
+            elif restat:
+                assert old is not None
+                listed_names = list(old.names)
         except OSError as error:
             return self._unreadable(mtime_ns, relative, error, stats)
-        try:
-            try:
-                if changed:
-                    self.budget.spend()
-                    if restat:  # every entry is statted anyway: the names are enough
-                        listed_names = os.listdir(directory)
-                    else:
-                        with os.scandir(directory) as iterator:
-                            listed = [(entry.name, _kind_of(entry)) for entry in iterator]
-                    stats.listed += 1
-                elif restat:
-                    assert old is not None
-                    listed_names = list(old.names)
-            except OSError as error:
-                return self._unreadable(mtime_ns, relative, error, stats)
-            if restat:
-                names, kinds, sizes, mtimes, subdir_mtimes, stamps = self._stat_all(
-                    directory, relative, listed_names, stats
-                )
-            else:  # listed anew; known files keep their stat, but for markers and touched ones
-                assert old is not None
-                previous = {
-                    name: (size, mtime)
-                    for name, _, size, mtime in old.entries(FILE)
-                    if name not in recheck  # old markers are in it; new ones are statted
-                }
-                names, kinds, sizes, mtimes, subdir_mtimes, stamps = self._stat_entries(
-                    directory, relative, listed, previous, stats
-                )
-            contents: dict[str, bytes] = {}
-            for name in self.content_names.intersection(names):
-                position = names.index(name)
-                if kinds[position] == FILE and sizes[position] <= self.content_limit:
-                    content = self._content(
-                        path, relative, name, sizes[position], mtimes[position],
-                        stamps.get(name), old, stats,
-                    )  # fmt: skip
-                    if content is not None:
-                        contents[name] = content
-        finally:
-            os.close(directory)
+        if restat:
+            names, kinds, sizes, mtimes, subdir_mtimes, stamps = self._stat_all(
+                directory, relative, listed_names, stats
+            )
+        else:  # listed anew; known files keep their stat, but for markers and touched ones
+            assert old is not None
+            previous = {
+                name: (size, mtime)
+                for name, _, size, mtime in old.entries(FILE)
+                if name not in recheck  # old markers are in it; new ones are statted
+            }
+            names, kinds, sizes, mtimes, subdir_mtimes, stamps = self._stat_entries(
+                directory, relative, listed, previous, stats
+            )
+        contents: dict[str, bytes] = {}
+        for name in self.content_names.intersection(names):
+            position = names.index(name)
+            if kinds[position] == FILE and sizes[position] <= self.content_limit:
+                content = self._content(
+                    directory, relative, name, sizes[position], mtimes[position],
+                    stamps.get(name), old, stats,
+                )  # fmt: skip
+                if content is not None:
+                    contents[name] = content
         subdirs = {}
         if depth < self.max_depth:
             for name, kind in zip(names, kinds, strict=True):
                 if kind != DIR:
                     continue
                 child_old = old.subdirs.get(name) if old is not None else None
-                child_mtime = subdir_mtimes.get(name)
-                child = self._child(path, relative, name, child_mtime, child_old, depth, scan)
+                child = self._child(
+                    directory, path, relative, name, child_old, depth, scan,
+                    subdir_mtimes.get(name),
+                )  # fmt: skip
                 if child is not None:
                     subdirs[name] = child
         return Dir(
@@ -403,7 +418,7 @@ class TreeReader:
         return frozenset(old.markers).union(touched)
 
     def _recheck(
-        self, path: str, relative: str, old: Dir, names: frozenset[str], scan: _Pass
+        self, directory: int, relative: str, old: Dir, names: frozenset[str], scan: _Pass
     ) -> Dir | None:
         """``old`` with fresh stats (and contents) for ``names``: the same object when nothing
         changed, None when one vanished or is no longer a regular file (list again)."""
@@ -417,7 +432,7 @@ class TreeReader:
                 continue
             self.budget.spend()
             try:
-                status = os.lstat(os.path.join(path, name))
+                status = os.lstat(name, dir_fd=directory)
             except FileNotFoundError:
                 return None
             except OSError as error:
@@ -447,7 +462,7 @@ class TreeReader:
                 contents.pop(name, None)
                 if status.st_size <= self.content_limit:
                     content = self._content(
-                        path, relative, name, status.st_size, status.st_mtime,
+                        directory, relative, name, status.st_size, status.st_mtime,
                         stamps.get(name), None, stats,
                     )  # fmt: skip
                     if content is not None:
@@ -549,12 +564,12 @@ class TreeReader:
         return names, kinds, sizes, mtimes, subdir_mtimes, stamps
 
     def _read_subdirs(
-        self, path: str, relative: str, old: Dir, depth: int, scan: _Pass
+        self, directory: int, path: str, relative: str, old: Dir, depth: int, scan: _Pass
     ) -> tuple[dict[str, Dir], bool]:
         subdirs: dict[str, Dir] = {}
         rebuilt = False
         for name, child_old in old.subdirs.items():
-            child = self._child(path, relative, name, None, child_old, depth, scan)
+            child = self._child(directory, path, relative, name, child_old, depth, scan)
             if child is not child_old:
                 rebuilt = True
             if child is not None:
@@ -563,34 +578,46 @@ class TreeReader:
 
     def _child(
         self,
+        directory: int,
         path: str,
         relative: str,
         name: str,
-        mtime_ns: int | None,
         old: Dir | None,
         depth: int,
         scan: _Pass,
+        mtime_ns: int | None = None,
     ) -> Dir | None:
+        """A subdirectory, opened relative to its parent and never through a symlink: one that
+        was swapped for a symlink or a file since the parent's listing is left out (the
+        parent's next listing says what it became)."""
         stats = scan.stats
-        child_path = os.path.join(path, name)
-        if mtime_ns is None:
-            try:
+        relative_child = _join(relative, name)
+        try:
+            if mtime_ns is None:
                 self.budget.spend()
-                child_stat = os.lstat(child_path)
+            child = fsread.open_directory(name, dir_fd=directory)
+        except FileNotFoundError:
+            return None
+        except OSError as error:
+            if error.errno in (errno.ELOOP, errno.ENOTDIR):
+                return None
+            if error.errno in (errno.EACCES, errno.EPERM):
+                # Unreadable (mode 000 and the like): kept as an error and retried every read.
+                return self._unreadable(mtime_ns or 0, relative_child, error, stats)
+            self._error(stats, relative_child, _reason(error))
+            return None
+        try:
+            if mtime_ns is None:
+                mtime_ns = os.fstat(child).st_mtime_ns
                 stats.statted += 1
-            except FileNotFoundError:
-                return None
-            except OSError as error:
-                self._error(stats, _join(relative, name), _reason(error))
-                return None
-            if not stat.S_ISDIR(child_stat.st_mode):
-                return None  # replaced by a file or a symlink: the parent's next listing says so
-            mtime_ns = child_stat.st_mtime_ns
-        return self._read_dir(child_path, _join(relative, name), mtime_ns, old, depth + 1, scan)
+            child_path = os.path.join(path, name)
+            return self._read_dir(child, child_path, relative_child, mtime_ns, old, depth + 1, scan)
+        finally:
+            os.close(child)
 
     def _content(
         self,
-        path: str,
+        directory: int,
         relative: str,
         name: str,
         size: int,
@@ -609,7 +636,7 @@ class TreeReader:
             return old.contents[name]
         try:
             self.budget.spend()
-            return fsread.read_bytes(os.path.join(path, name), self.content_limit)
+            return fsread.read_bytes(name, self.content_limit, dir_fd=directory)
         except FileNotFoundError:
             return None
         except OSError as error:

@@ -280,6 +280,9 @@ class Scanner:
                 self.config.scan.max_depth,
                 marker_names=layouts.MARKER_NAMES,
                 marker_suffixes=layouts.MARKER_SUFFIXES,
+                # A discovered job's directory belongs to a tenant: never followed if it is
+                # (or becomes) a symlink. A configured root may be one, as the operator chose.
+                follow_root_symlink=None if discovered_from is None else False,
             )
             if mode == INOTIFY and self.watcher is not None:
                 failure = self.watcher.watch(
@@ -445,12 +448,16 @@ class Scanner:
                 hot, force=source.reconcile, touched=_below(tier.path, touched)
             )
             self._scan_errors += len(stats.errors)
-            requests = job.observe(tier.tier, self._found(source, tier, tree), self.clock())
+            unreadable = {path for path, _ in stats.errors}
+            found = self._found(source, tier, tree)
+            requests = job.observe(tier.tier, found, self.clock(), unreadable)
             if job.just_committed:
                 # Sizes were last statted mid-write: one full read of what just committed.
                 tree, stats = tier.reader.read(hot, force_paths=job.just_committed)
                 self._scan_errors += len(stats.errors)
-                requests = job.observe(tier.tier, self._found(source, tier, tree), self.clock())
+                unreadable = {path for path, _ in stats.errors}
+                found = self._found(source, tier, tree)
+                requests = job.observe(tier.tier, found, self.clock(), unreadable)
             for request in requests:
                 job.submitted(request)
                 self.validator.submit(request, tier.path)

@@ -14,7 +14,7 @@ import bisect
 import logging
 import time
 from collections import Counter, OrderedDict, deque
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field, replace
 
 from checkpoint_exporter.clocks import Clocks, RestoreRun, SaveKey, Timeline, save_key
@@ -182,12 +182,19 @@ class JobTracker:
 
     # --- scans ---------------------------------------------------------------------------
 
-    def observe(self, tier: str, found: list[Found], now: float) -> list[ValidationRequest]:
+    def observe(
+        self, tier: str, found: list[Found], now: float, unreadable: Collection[str] = ()
+    ) -> list[ValidationRequest]:
         """Apply one scan of ``tier``; returns the committed generations to validate.
 
         ``just_committed`` then names the generations this scan saw commit: their files were
         last statted while being written, so the scanner reads them once more, in full.
+        ``unreadable`` names the relative paths the scan could not read ("" for the root): what
+        is known below them stays as it was (a permission flipped for a moment is not a deletion
+        followed by a burst of false commits), and nothing new is taken from them.
         """
+        if unreadable and first_read_failed(tier, self._scanned, unreadable):
+            return []  # nothing known yet and nothing readable: the next read is the first
         first = tier not in self._scanned
         self.just_committed = []
         self._scanned.add(tier)
@@ -196,6 +203,10 @@ class JobTracker:
         requests = []
         for item in found:
             key = (tier, item.id)
+            if unreadable and _behind(item.id, unreadable):
+                if key in self._gens:
+                    seen.add(key)
+                continue
             seen.add(key)
             gen = self._gens.get(key)
             if gen is None:
@@ -212,6 +223,8 @@ class JobTracker:
             elif self._needs_validation(gen, now):
                 requests.append(ValidationRequest(self.name, tier, item.id, gen.signature, item))
         for key in [k for k in self._gens if k[0] == tier and k not in seen]:
+            if unreadable and _behind(key[1], unreadable):
+                continue  # not seen because it could not be read: kept as last known
             del self._gens[key]  # deleted (retention) or renamed away
             changed = True
         if changed:
@@ -615,6 +628,19 @@ class JobTracker:
             recent_restores=tuple(self.recent_restores),
             storage_clock_skew=self.storage_clock_skew,
         )
+
+
+def _behind(gen_id: str, unreadable: Collection[str]) -> bool:
+    """Is a generation at, below or above a path the scan could not read?"""
+    return any(
+        not path or path == gen_id or gen_id.startswith(path + "/") or path.startswith(gen_id + "/")
+        for path in unreadable
+    )
+
+
+def first_read_failed(tier: str, scanned: Collection[str], unreadable: Collection[str]) -> bool:
+    """The tier was never read and its root cannot be: nothing to keep, nothing to learn."""
+    return tier not in scanned and "" in unreadable
 
 
 def job_paths(job: JobConfig) -> tuple[WatchedPath, ...]:

@@ -1,0 +1,123 @@
+"""A tenant who can write in the checkpoint tree tries to redirect or blind the daemon: a
+discovered job root or a generation swapped for a symlink after it was seen, permissions flipped
+to 000 and back. Nothing outside the tree is read, and nothing is lost or counted twice."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from checkpoint_exporter.listing import OpsBudget, TreeReader
+from tests.conftest import as_nobody, parse_samples, sample, wait_for, write_config
+from tests.helpers.trees import dcp_generation
+
+
+def test_a_subdirectory_swapped_for_a_symlink_is_not_entered(tmp_path: Path) -> None:
+    job = tmp_path / "job"
+    dcp_generation(job / "step-1")
+    outside = tmp_path / "outside"
+    dcp_generation(outside / "deep", shards=50)
+    (job / "step-1" / "sub").mkdir()
+    reader = TreeReader(job, OpsBudget())
+    reader.read()
+    shutil.rmtree(job / "step-1" / "sub")
+    (job / "step-1" / "sub").symlink_to(outside)
+    tree, _ = reader.read(force=True)
+    assert "sub" not in tree.subdirs["step-1"].subdirs
+    assert tree.totals().files == 3  # step-1's own; nothing of the 51 files outside
+
+
+def test_a_root_that_becomes_a_symlink_is_reported_not_followed(tmp_path: Path) -> None:
+    job = tmp_path / "job"
+    dcp_generation(job / "step-1")
+    other = tmp_path / "other"
+    dcp_generation(other / "step-9", shards=7)
+    reader = TreeReader(job, OpsBudget())
+    tree, _ = reader.read()
+    assert set(tree.subdirs) == {"step-1"}
+    shutil.rmtree(job)
+    job.symlink_to(other)
+    tree, stats = reader.read(force=True)
+    assert tree is None
+    assert stats.errors == [("", "is a symlink: not followed")]
+    configured = TreeReader(job, OpsBudget())  # configured as a symlink: the operator's choice
+    tree, _ = configured.read()
+    assert set(tree.subdirs) == {"step-9"}
+
+
+def test_a_discovered_job_swapped_for_a_symlink_exports_nothing_of_the_target(
+    tmp_path: Path, exporter
+) -> None:
+    root = tmp_path / "discover"
+    dcp_generation(root / "attacker" / "step-1")
+    dcp_generation(tmp_path / "victim" / "step-77", shards=9)
+    config = write_config(
+        tmp_path,
+        f"discover: [{{root: {root}, layout: dcp, forget_after: 1h, watch: poll,"
+        " poll_interval: 1s}]\n",
+    )
+    served = exporter("--config.file", str(config))
+    wait_for(lambda: served.value("checkpoint_last_committed_valid", training_job="attacker"))
+    moved = tmp_path / "moved"
+    os.rename(root / "attacker", moved)
+    (root / "attacker").symlink_to(tmp_path / "victim")
+    wait_for(
+        lambda: "is a symlink: not followed" in "".join(served.drain_log()), timeout=15
+    )  # the discover root is polled; the job's reader refuses the swapped root
+    text = served.metrics()
+    assert sample(text, "checkpoint_last_committed_step", training_job="attacker") == 1
+    assert "77" not in "".join(
+        line for line in text.splitlines() if 'training_job="attacker"' in line
+    )
+
+
+def test_permissions_flipped_to_000_and_back_lose_nothing_and_count_nothing(exporter) -> None:
+    """Run as nobody: the tenant makes the job (and then one generation) unreadable for a while.
+    The last known state stays, no generation is deleted and counted again as a new commit, and
+    the job is current again within a poll once readable."""
+    base = Path(tempfile.mkdtemp(prefix="ckpt-flip-"))
+    try:
+        os.chmod(base, 0o755)
+        job = base / "job"
+        for step in (1, 2, 3):
+            dcp_generation(job / f"step-{step}")
+        subprocess.run(["chmod", "-R", "go+rX", str(job)], check=True)
+        config = write_config(
+            base,
+            f"defaults: {{watch: poll, poll_interval: 1s}}\n"
+            f"jobs: [{{name: j, path: {job}, layout: dcp}}]\n",
+        )
+        os.chmod(config, 0o644)
+        served = exporter("--config.file", str(config), prefix=as_nobody())
+
+        def figures() -> tuple:
+            samples = parse_samples(served.metrics())
+            return tuple(
+                samples.get(f'{name}{{training_job="j"}}')
+                for name in (
+                    "checkpoint_retained_generations",
+                    "checkpoint_saves_committed_total",
+                    "checkpoint_last_committed_step",
+                )
+            )
+
+        expected = (3, 0, 3)
+        wait_for(lambda: figures() == expected)
+        for target, new_step in ((job, 4), (job / "step-3", 5)):
+            os.chmod(target, 0o000)
+            wait_for(lambda: "permission denied" in "".join(served.drain_log()), timeout=10)
+            for _ in range(3):  # several polls while unreadable
+                assert figures() == expected
+                wait_for(lambda: True, timeout=1)
+            os.chmod(target, 0o755)
+            dcp_generation(job / f"step-{new_step}")
+            subprocess.run(["chmod", "-R", "go+rX", str(job)], check=True)
+            expected = (expected[0] + 1, expected[1] + 1, new_step)
+            wait_for(lambda e=expected: figures() == e, timeout=5)
+        assert figures() == (5, 2, 5)  # two real saves, nothing counted twice
+    finally:
+        subprocess.run(["chmod", "-R", "u+rwX", str(base)], check=False)
+        subprocess.run(["rm", "-rf", str(base)], check=True)
