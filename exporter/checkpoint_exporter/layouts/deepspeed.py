@@ -26,13 +26,17 @@ The protocol, in the order of the writes:
 So ``latest`` is the commit pointer where it exists:
 
 - the tag it names is committed (at ``latest``'s mtime, or later if a rank's file is later);
-- every other tag whose files are no newer than ``latest`` was written before that pointer and
-  stays committed (its files are zip-checked; one without states never finished: aborted);
-- a tag with a file newer than ``latest`` is a save the pointer has not reached: writing.
+- every other tag whose files are older than ``latest`` was written before that pointer and
+  stays committed (its files are zip-checked); one without any states file never got that far
+  and stays writing, for the deadline to abort;
+- a tag with a file as new as ``latest`` or newer is a save the pointer has not reached:
+  writing. Timestamps are coarse (a tick; a second on some filesystems), so "older" is strict.
   Comparing mtimes, not steps, keeps a run resumed from an older tag correct (its stale newer
   tags are not saves in progress) and needs no step in the tag's name.
-- ``latest`` caught empty (mid-rewrite), unreadable, or naming a tag not listed: the same mtime
-  rule, which commits what the rewrite is about to name and keeps what was committed.
+- ``latest`` naming a tag not listed: the same mtime rule. ``latest`` caught empty (between
+  the truncation and the write) or unreadable: the same rule, a tag of ``latest``'s own tick
+  counting as older, which commits what the rewrite is about to name and keeps what was
+  committed (a layout saying "writing" for a committed tag would start it over).
 
 Without ``latest`` (``save_latest=False``, or a job's first save before ``latest`` is written),
 a tag has no commit marker: a tag with state files ``settles`` (writing while it changes, then
@@ -45,7 +49,6 @@ from __future__ import annotations
 import re
 
 from checkpoint_exporter.layouts.base import (
-    ABORTED,
     COMMITTED,
     WRITING,
     Found,
@@ -115,15 +118,21 @@ def _named(name: str, listing: Dir, step: int | None, latest_mtime: float) -> Fo
     return generation(name, listing, step, COMMITTED, at, **broken, **_checks(name, listing))
 
 
-def _other(name: str, listing: Dir, step: int | None, latest_mtime: float) -> Found:
-    """A tag ``latest`` does not name: before the pointer's last write, or after it."""
+def _other(name: str, listing: Dir, step: int | None, latest_mtime: float, empty: bool) -> Found:
+    """A tag ``latest`` does not name: written before the pointer's last write, or after it.
+
+    Timestamps are coarse (a kernel tick, a second on some parallel filesystems): a save that
+    starts in the tick ``latest`` was written in must not pass for an older one, so a tag is
+    older only when strictly so. While ``latest`` is empty it is being rewritten this instant,
+    after everything on disk: then a tag of the same tick is older too (the one it will name).
+    """
     last = _last_write(listing)
-    if last > latest_mtime:
-        return generation(name, listing, step, WRITING)  # a save `latest` has not reached yet
-    if _has_states(listing):
+    older = last <= latest_mtime if empty else last < latest_mtime
+    if older and _has_states(listing):
         return _committed(name, listing, step, last)
-    reason = "no model or optimizer states, and a later save rewrote `latest`"
-    return generation(name, listing, step, ABORTED, reason=reason)
+    # A save `latest` has not reached yet, or one that never wrote a states file (that one
+    # stays writing until the deadline aborts it).
+    return generation(name, listing, step, WRITING)
 
 
 def _unpointed(name: str, listing: Dir, step: int | None) -> Found:
@@ -137,6 +146,7 @@ def parse(root: Dir, options: Options) -> list[Found]:
     latest_file = root.file(LATEST)
     tag = latest_tag(root) if latest_file is not None else None
     named = tag if tag in root.subdirs else None
+    empty = tag is None  # truncated by the rewrite, not written yet (or unreadable)
     found = []
     for name, child in root.dirs():
         if not _is_tag(name, child):
@@ -147,7 +157,7 @@ def parse(root: Dir, options: Options) -> list[Found]:
         elif name == named:
             found.append(_named(name, child, step, latest_file[1]))
         else:
-            found.append(_other(name, child, step, latest_file[1]))
+            found.append(_other(name, child, step, latest_file[1], empty))
     return found
 
 

@@ -1,0 +1,41 @@
+"""DeepSpeed 0.19.8 (CPU accelerator, gloo, ZeRO-1) saving ``global_stepN`` under a live exporter.
+
+With ``latest`` (rewritten in place after every save) the pointer commits; with
+``save_latest=False`` nothing does, so every tag settles and is judged by zip checks: the killed
+save's half-written optimizer states must be exactly one abort, not a commit.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.writers.harness import Driver, Scenario, Watched
+
+pytestmark = pytest.mark.writers
+
+
+@pytest.mark.parametrize("watch", ["inotify", "poll"])
+def test_deepspeed_latest(tmp_path, watch: str) -> None:
+    root = tmp_path / "job"
+    root.mkdir()
+    watched = Watched(root, tmp_path, watch=watch)
+    driver = Driver("deepspeed", "torch", root)
+    try:
+        Scenario(driver, watched, layout="deepspeed").run()
+        assert (root / "latest").read_text() == "global_step12"  # the kill left it unmoved
+    finally:
+        driver.close()
+        watched.close()
+
+
+def test_deepspeed_without_latest_settles(tmp_path) -> None:
+    root = tmp_path / "job"
+    root.mkdir()
+    watched = Watched(root, tmp_path)
+    driver = Driver("deepspeed", "torch", root, "--no-latest")
+    try:
+        Scenario(driver, watched, layout="deepspeed").run()
+        assert not (root / "latest").exists()
+    finally:
+        driver.close()
+        watched.close()
