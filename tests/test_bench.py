@@ -51,9 +51,17 @@ def test_scan_smoke_reads_every_file_and_measures_the_idle_daemon(tmp_path: Path
     assert list(tmp_path.iterdir()) == []  # the trees are removed
 
 
-@pytest.mark.parametrize(("mode", "commits", "poll"), [("inotify", 5, 1.0), ("poll", 3, 1.0)])
-def test_detect_smoke_sees_every_commit(mode: str, commits: int, poll: float) -> None:
-    row = detect.bench_detect(mode, commits, poll)
+@pytest.mark.parametrize(
+    ("mode", "commits", "poll", "writer"),
+    [
+        ("inotify", 5, 1.0, "dcp"),
+        ("poll", 3, 1.0, "dcp"),
+        ("inotify", 5, 1.0, "pointer"),
+        ("poll", 3, 1.0, "pointer"),
+    ],
+)
+def test_detect_smoke_sees_every_commit(mode: str, commits: int, poll: float, writer: str) -> None:
+    row = detect.bench_detect(mode, commits, poll, writer)
     assert row["commits"] == commits
     assert 0 < row["p50_ms"] <= row["p99_ms"] <= row["max_ms"]
 
