@@ -168,11 +168,14 @@ def test_broken_and_hostile_generations_are_invalid(cluster, tmp_path: Path) -> 
             sample(metrics(exporter), "checkpoint_last_committed_step", training_job="broken") == 4
         )
     )
+    # step-3's verdict (invalid) stands until step-4's own is known: wait for that one.
     wait_for(
-        lambda: (
-            sample(metrics(exporter), "checkpoint_last_committed_valid", training_job="broken") == 0
-        )
-    )
+        lambda: sample(
+            metrics(exporter), "checkpoint_validation_failures_total", training_job="broken",
+            reason="bad_metadata",
+        ) == 1
+    )  # fmt: skip
+    assert sample(metrics(exporter), "checkpoint_last_committed_valid", training_job="broken") == 0
     text = metrics(exporter)
     assert (
         sample(

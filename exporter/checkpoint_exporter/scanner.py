@@ -9,16 +9,18 @@ holds up detection.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import queue
 import re
+import stat
 import threading
 import time
 from collections.abc import Callable, Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from checkpoint_exporter import layouts
+from checkpoint_exporter import fsread, layouts
 from checkpoint_exporter.config import Config, DiscoverConfig, Policy
 from checkpoint_exporter.layouts.base import Options
 from checkpoint_exporter.listing import Dir, OpsBudget, TreeReader
@@ -102,7 +104,7 @@ class Validator:
 
     def __init__(self, limits: Limits):
         self.limits = limits
-        self._requests: queue.Queue[tuple[ValidationRequest, str] | None] = queue.Queue()
+        self._requests: queue.Queue[tuple[ValidationRequest, str, bool] | None] = queue.Queue()
         # A None verdict: the generation moved or vanished while read; judge it again later.
         self.verdicts: queue.Queue[tuple[ValidationRequest, Verdict | None]] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="validator", daemon=True)
@@ -114,19 +116,37 @@ class Validator:
         self._requests.put(None)
         self._thread.join(timeout=5)
 
-    def submit(self, request: ValidationRequest, root: str) -> None:
-        self._requests.put((request, root))
+    def submit(self, request: ValidationRequest, root: str, follow_root: bool = True) -> None:
+        """``follow_root``: whether ``root`` itself may be a symlink (a configured root)."""
+        self._requests.put((request, root, follow_root))
 
     def _run(self) -> None:
         while (item := self._requests.get()) is not None:
-            request, root = item
+            request, root, follow_root = item
             target = os.path.join(root, request.generation)
             before = _identity(target)
             try:
-                verdict = validate(root, request.found.checks, self.limits)
+                opened = _open_generation(root, request.generation, follow_root)
+            except OSError:
+                opened = None  # gone, or swapped for a symlink since it was listed
+            if opened is None:
+                self.verdicts.put((request, None))
+                continue
+            directory, prefix = opened
+            try:
+                # The checks read below the directory opened without following symlinks, named
+                # through its descriptor, so a component swapped since the listing leads nowhere.
+                base = f"/proc/self/fd/{directory}"
+                checks = [
+                    replace(check, path=_strip(check.path, prefix))
+                    for check in request.found.checks
+                ]
+                verdict = validate(base, checks, self.limits)
             except Exception:
                 log.exception("validation of %s/%s failed", root, request.generation)
                 continue
+            finally:
+                os.close(directory)
             if not verdict.valid and (before is None or _identity(target) != before):
                 # Renamed, replaced or deleted under the reader (retention, a writer's rename):
                 # what was missing is not the checkpoint's fault.
@@ -139,6 +159,38 @@ class Validator:
                     request.job, request.generation, verdict.reason, verdict.detail,
                 )  # fmt: skip
             self.verdicts.put((request, verdict))
+
+
+def _open_generation(root: str, generation: str, follow_root: bool) -> tuple[int, str] | None:
+    """A descriptor of the deepest directory on the way to ``generation`` (the generation
+    itself, or the directory holding a single-file one), opened one component at a time without
+    following symlinks, and its path below ``root``."""
+    directory = fsread.open_directory(root, follow_symlink=follow_root)
+    reached: list[str] = []
+    try:
+        for part in [p for p in generation.split("/") if p not in ("", ".")]:
+            try:
+                child = fsread.open_directory(part, dir_fd=directory)
+            except OSError as error:
+                if error.errno not in (errno.ENOTDIR, errno.ELOOP):
+                    raise
+                if stat.S_ISREG(os.lstat(part, dir_fd=directory).st_mode):
+                    break  # a single-file generation: its directory is where the checks start
+                os.close(directory)
+                return None  # a symlink (or stranger) where a directory was listed
+            os.close(directory)
+            directory = child
+            reached.append(part)
+    except BaseException:
+        os.close(directory)
+        raise
+    return directory, "/".join(reached)
+
+
+def _strip(path: str, prefix: str) -> str:
+    if not prefix:
+        return path
+    return "." if path == prefix else path.removeprefix(prefix + "/")
 
 
 class Scanner:
@@ -460,7 +512,7 @@ class Scanner:
                 requests = job.observe(tier.tier, found, self.clock(), unreadable)
             for request in requests:
                 job.submitted(request)
-                self.validator.submit(request, tier.path)
+                self.validator.submit(request, tier.path, tier.reader.follow_root_symlink)
         source.reconcile = False
         source.last_scan = now
         source.next_poll = now + source.policy.poll_interval

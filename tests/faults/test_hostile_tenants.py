@@ -11,8 +11,11 @@ import tempfile
 from pathlib import Path
 
 from checkpoint_exporter.listing import OpsBudget, TreeReader
+from checkpoint_exporter.scanner import Validator
+from checkpoint_exporter.tracker import ValidationRequest
+from checkpoint_exporter.validate import Limits
 from tests.conftest import as_nobody, parse_samples, sample, wait_for, write_config
-from tests.helpers.trees import dcp_generation
+from tests.helpers.trees import dcp_generation, scan
 
 
 def test_a_subdirectory_swapped_for_a_symlink_is_not_entered(tmp_path: Path) -> None:
@@ -121,3 +124,25 @@ def test_permissions_flipped_to_000_and_back_lose_nothing_and_count_nothing(expo
     finally:
         subprocess.run(["chmod", "-R", "u+rwX", str(base)], check=False)
         subprocess.run(["rm", "-rf", str(base)], check=True)
+
+
+def test_the_validator_does_not_follow_a_generation_swapped_for_a_symlink(tmp_path: Path) -> None:
+    """Listed as a directory, swapped for a symlink to another job's checkpoint before the
+    validator reads it: no verdict from the other job's files (judged again on the next scan,
+    where the listing shows the symlink)."""
+    job = tmp_path / "job"
+    dcp_generation(job / "step-1")
+    (job / "step-1" / "__0_0.distcp").unlink()  # broken: its own verdict would be invalid
+    _, found = scan(job, "dcp")
+    dcp_generation(tmp_path / "victim" / "step-1")
+    shutil.rmtree(job / "step-1")
+    (job / "step-1").symlink_to(tmp_path / "victim" / "step-1")
+    item = found["step-1"]
+    request = ValidationRequest("j", "durable", "step-1", (item.bytes, item.files, 0.0), item)
+    validator = Validator(Limits())
+    validator.start()
+    try:
+        validator.submit(request, str(job), follow_root=False)
+        assert validator.verdicts.get(timeout=10) == (request, None)
+    finally:
+        validator.stop()
