@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -265,3 +266,155 @@ def test_readme_example_config_has_only_valid_keys(tmp_path: Path) -> None:
     block = readme.split("## Configuration", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
     found = problems_of(block, tmp_path)
     assert found and all(p.endswith("does not exist") for p in found), found
+
+
+# --- values that would overflow or crash at run time are refused at load ([tenants] item 6) --
+
+
+def test_a_nul_in_a_path_is_a_config_error_not_a_traceback(ckpt: Path) -> None:
+    """A NUL in a path reached os.stat and ended in a traceback with exit status 1."""
+    path = write_config(
+        ckpt,
+        'spool: "/var/spool\\0x"\n'
+        'paths: {procfs: "/proc\\0"}\n'
+        'web: {config_file: "web\\0.yaml"}\n'
+        "jobs:\n"
+        '  - {name: a, path: "ckpt/a\\0/b"}\n'
+        '  - {name: b, path: ckpt/b, staging: "\\0"}\n'
+        'discover: [{root: "ckpt\\0"}]\n',
+    )
+    result = run_cli("check-config", "--config.file", str(path))
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    for key, line in [
+        ("spool", 1),
+        ("paths.procfs", 2),
+        ("web.config_file", 3),
+        ("jobs[0].path", 5),
+        ("jobs[1].staging", 6),
+        ("discover[0].root", 7),
+    ]:
+        assert f"{path}:{line}: {key}: a path cannot contain a NUL character" in result.stderr, (
+            key,
+            result.stderr,
+        )
+    # serve refuses the same file the same way, before it listens.
+    result = run_cli("serve", "--config.file", str(path), "--web.listen-address", "127.0.0.1:0")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+
+
+_HUGE = "9" * 400  # an int YAML reads fine, and float() cannot hold
+
+
+@pytest.mark.parametrize(
+    ("snippet", "expected"),
+    [
+        # sample_interval 1000y passed check-config, then killed the sampler thread at serve
+        # time (OverflowError: timeout value is too large).
+        (
+            "telemetry: {sample_interval: 1000y}",
+            "telemetry.sample_interval: duration '1000y' is too long: at most 100y",
+        ),
+        ("defaults: {deadline: 1.0e+308}", "defaults.deadline: duration 1e+308 is too long"),
+        (f"defaults: {{interval: {_HUGE}}}", "defaults.interval: duration 9999999999"),
+        (f"defaults: {{settle: {_HUGE}s}}", "defaults.settle: duration '9999999999"),
+        ("spool_retention: 101y", "spool_retention: duration '101y' is too long"),
+        (
+            "scan: {reconcile_interval: 99y1000w}",
+            "scan.reconcile_interval: duration '99y1000w' is too long",
+        ),
+        (
+            "discover: [{root: ckpt, forget_after: 200y}]",
+            "discover[0].forget_after: duration '200y' is too long",
+        ),
+        (
+            f"defaults: {{retained_generations: {_HUGE}}}",
+            "defaults.retained_generations: must be at most 1,000,000",
+        ),
+        (
+            f"discover: [{{root: ckpt, max_jobs: {_HUGE}}}]",
+            "discover[0].max_jobs: must be at most 1,000,000",
+        ),
+        ("scan: {max_depth: 100000}", "scan.max_depth: must be at most 64"),
+        (
+            f"scan: {{metadata_ops_per_second: {_HUGE}}}",
+            "scan.metadata_ops_per_second: must be at most 1e+09",
+        ),
+        (
+            "scan: {checksum_bytes_per_second: 1.0e+300}",
+            "scan.checksum_bytes_per_second: must be at most 1e+13",
+        ),
+        (
+            "scan: {checksum_bytes_per_second: .nan}",
+            "scan.checksum_bytes_per_second: expected a number, got nan",
+        ),
+        ("scan: {metadata_ops_per_second: .inf}", "scan.metadata_ops_per_second: must be at most"),
+        (
+            "telemetry: {sample_interval: 1ms}",
+            "telemetry.sample_interval: retention 1h at one sample every 1ms is 3,600,000 samples",
+        ),
+        (
+            "telemetry: {retention: 99y}",
+            "telemetry.retention: retention 99y at one sample every 1s",
+        ),
+        ('web: {listen_address: "local\\0host:1"}', "web.listen_address: invalid listen address"),
+        ('web: {telemetry_path: "/met rics"}', "web.telemetry_path: must be a plain URL path"),
+    ],
+)
+def test_values_that_overflow_at_run_time_fail_check_config(
+    ckpt: Path, snippet: str, expected: str
+) -> None:
+    path = write_config(ckpt, snippet + "\n")
+    result = run_cli("check-config", "--config.file", str(path))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert f"{path}:1: {expected}" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_the_largest_accepted_values_still_serve(ckpt: Path, exporter) -> None:
+    """The bounds are where the run time stops coping, not lower: at the bounds it serves."""
+    path = write_config(
+        ckpt,
+        "telemetry: {sample_interval: 100y, retention: 100y}\n"
+        "spool_retention: 100y\n"
+        "scan: {reconcile_interval: 100y, max_depth: 64, metadata_ops_per_second: 1.0e+9,\n"
+        "       checksum_bytes_per_second: 1.0e+13}\n"
+        "defaults: {interval: 100y, deadline: 100y, settle: 100y, poll_interval: 100y,\n"
+        "           restore_drill_max_age: 100y, retained_generations: 1000000}\n"
+        "jobs: [{name: a, path: ckpt/a}]\n",
+    )
+    assert run_cli("check-config", "--config.file", str(path)).returncode == 0
+    served = exporter("--config.file", str(path))
+    time.sleep(1.5)  # the sampler and scanner threads have started their timers
+    text = served.metrics()
+    assert 'checkpoint_retained_generations_limit{training_job="a"} 1e+06' in text
+    assert served.process.poll() is None
+    assert not any("Traceback" in line for line in served.drain_log()), served.drain_log()
+
+
+def test_check_config_checks_the_web_config_it_names(ckpt: Path) -> None:
+    web = write_config(
+        ckpt,
+        'tls_server_config: {cert_file: "server\\0.crt", key_file: server.key}\n'
+        "basic_auth_users:\n"
+        "  prometheus: $2y$31$" + "a" * 53 + "\n"
+        "  'a:b': $2y$10$" + "a" * 53 + "\n"
+        "http_server_config:\n"
+        "  headers: {Content-Length: '0', X-Frame-Options: allow}\n",
+        "web.yaml",
+    )
+    path = write_config(ckpt, "web: {config_file: web.yaml}\n")
+    result = run_cli("check-config", "--config.file", str(path))
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    for expected in (
+        f"{web}:1: tls_server_config.cert_file: expected a file path",
+        f"{web}:3: basic_auth_users.prometheus: bcrypt cost 31 is outside 4..17",
+        f"{web}:4: basic_auth_users.a:b: a user name cannot contain ':'",
+        f"{web}:6: http_server_config.headers.Content-Length: cannot be configured",
+        f"{web}:6: http_server_config.headers.X-Frame-Options: must be one of deny, sameorigin",
+    ):
+        assert expected in result.stderr, result.stderr
+    # serve refuses the same web config, given on the command line, before it listens.
+    result = run_cli("serve", "--web.listen-address", "127.0.0.1:0", "--web.config.file", str(web))
+    assert result.returncode == 2 and "bcrypt cost 31 is outside" in result.stderr

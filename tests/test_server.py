@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import gzip
+import select
 import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -152,3 +154,111 @@ def test_version_and_module_entry_point() -> None:
         result = subprocess.run(command, capture_output=True, text=True, timeout=60)
         assert result.returncode == 0
         assert result.stdout.strip() == f"checkpoint-exporter {__version__}"
+
+
+@pytest.mark.parametrize(
+    ("accept_encoding", "gzipped"),
+    [
+        ("gzip", True),
+        ("gzip;q=0", False),
+        ("GZIP ; Q=0.000", False),
+        ("gzip;q=0.5, identity", True),
+        ("identity, gzip;q=0", False),
+        ("*;q=0", False),
+        ("*", True),
+        ("gzip;q=0, *", False),  # gzip named: the wildcard does not bring it back
+        ("x-gzip", True),
+        ("gzip;q=nonsense", False),
+        ("gzip;q=2", False),
+        ("deflate, br", False),
+        ("", False),
+    ],
+)
+def test_gzip_negotiation_honours_quality_values(accept_encoding: str, gzipped: bool) -> None:
+    from checkpoint_exporter.server import gzip_accepted
+
+    assert gzip_accepted(accept_encoding) is gzipped
+
+
+def test_gzip_q0_is_not_gzipped(exporter, config: Path) -> None:
+    served = exporter("--config.file", str(config))
+    refused = served.get("/metrics", {"Accept-Encoding": "gzip;q=0"})
+    assert "Content-Encoding" not in refused.headers
+    assert b"checkpoint_deadline_seconds" in refused.body
+    wildcard = served.get("/metrics", {"Accept-Encoding": "*;q=0.5"})
+    assert wildcard.headers["Content-Encoding"] == "gzip"
+
+
+def _raw_exchange(base: str, request: bytes) -> bytes:
+    """Everything the server sends back on one connection, until it closes or goes quiet."""
+    host, port = base.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as connection:
+        connection.sendall(request)
+        connection.settimeout(3)
+        received = b""
+        try:
+            while chunk := connection.recv(65536):
+                received += chunk
+        except (TimeoutError, ConnectionResetError):
+            pass
+    return received
+
+
+@pytest.mark.parametrize(
+    "framing",
+    [
+        "Content-Length: {length}\r\n",
+        "Transfer-Encoding: chunked\r\n",
+    ],
+)
+def test_a_get_body_is_never_read_as_a_second_request(exporter, framing: str) -> None:
+    """A body on GET used to be left in the stream and parsed as the next request (here a
+    request for /smuggled, answered 404 on the same connection). It is refused now."""
+    served = exporter()
+    smuggled = b"GET /smuggled HTTP/1.1\r\nHost: x\r\n\r\n"
+    body = (
+        smuggled
+        if "Content-Length" in framing
+        else b"%x\r\n%s\r\n0\r\n\r\n" % (len(smuggled), smuggled)
+    )
+    head = f"GET /metrics HTTP/1.1\r\nHost: x\r\n{framing.format(length=len(smuggled))}\r\n"
+    received = _raw_exchange(served.base, head.encode() + body)
+    assert received.startswith(b"HTTP/1.1 400 "), received[:200]
+    assert received.count(b"HTTP/1.1 ") == 1, received  # one answer, then the connection closed
+    assert b"Connection: close" in received
+    # An empty body is no body.
+    received = _raw_exchange(
+        served.base,
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+    )
+    assert received.startswith(b"HTTP/1.1 200 ") and received.endswith(b"ok\n")
+
+
+def test_listen_backlog_holds_a_burst_of_connections(exporter) -> None:
+    """socketserver's default backlog of 5 dropped the 7th SYN of a burst while the server was
+    busy. The exporter is stopped (SIGSTOP) so nothing is accepted; 200 connections must all
+    complete their handshake into the kernel's accept queue (at least 128 needed)."""
+    served = exporter()
+    host, port = served.base.removeprefix("http://").rsplit(":", 1)
+    sockets: list[socket.socket] = []
+    served.process.send_signal(signal.SIGSTOP)
+    try:
+        for _ in range(200):
+            pending = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            pending.setblocking(False)
+            pending.connect_ex((host, int(port)))
+            sockets.append(pending)
+        connected: set[int] = set()
+        deadline = time.monotonic() + 3  # a dropped SYN is retransmitted only after 1 s, 3 s...
+        while len(connected) < len(sockets) and time.monotonic() < deadline:
+            waiting = [s for s in sockets if s.fileno() not in connected]
+            _, writable, _ = select.select([], waiting, [], 0.2)
+            for ready in writable:
+                if ready.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0:
+                    connected.add(ready.fileno())
+        assert len(connected) >= 129, f"{len(connected)} of 200 connections completed"
+    finally:
+        served.process.send_signal(signal.SIGCONT)
+        for pending in sockets:
+            pending.close()
+    assert served.get("/healthz").status == 200

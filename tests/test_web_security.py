@@ -6,7 +6,10 @@ import base64
 import http.client
 import socket
 import ssl
+import statistics
 import subprocess
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +17,8 @@ from pathlib import Path
 import bcrypt
 import pytest
 
+from checkpoint_exporter import webconfig
+from checkpoint_exporter.webconfig import AuthBusy, WebSecurity
 from tests.conftest import Exporter, require_tool, run_cli, write_config
 
 PASSWORD = "correct horse"
@@ -100,8 +105,8 @@ def _get(
         connection.close()
 
 
-def _hash(password: str) -> str:
-    return bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=4)).decode()
+def _hash(password: str, rounds: int = 4) -> str:
+    return bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=rounds)).decode()
 
 
 def test_tls_with_basic_auth(secured, pki: Pki) -> None:
@@ -233,3 +238,238 @@ tls_server_config:
 
     result = _serve(tmp_path / "absent.yaml")
     assert result.returncode == 2 and "absent.yaml: file does not exist" in result.stderr
+
+
+# --- hardening against a hostile or careless client ([tenants] item 5) ------------------------
+
+
+def _basic(user: str, password: str) -> dict[str, str]:
+    return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
+
+
+def _timed_get(base: str, path: str, headers: dict[str, str]) -> tuple[int, float]:
+    host, port = base.removeprefix("http://").rsplit(":", 1)
+    connection = http.client.HTTPConnection(host, int(port), timeout=60)
+    try:
+        started = time.perf_counter()
+        connection.request("GET", path, headers=headers)
+        reply = connection.getresponse()
+        reply.read()
+        return reply.status, time.perf_counter() - started
+    finally:
+        connection.close()
+
+
+def test_unknown_users_take_as_long_as_known_ones(secured) -> None:
+    """Without a dummy bcrypt hash for unknown users, a wrong password took 60 ms for a known
+    user and under 1 ms for an unknown one: user names could be enumerated by timing. Each try
+    uses a new password (a repeated one is answered from the cache, equally fast for both)."""
+    exporter = secured(f"basic_auth_users: {{prometheus: {_hash(PASSWORD, rounds=10)}}}\n")
+    known, unknown = [], []
+    for attempt in range(15):  # interleaved, so load on the machine hits both alike
+        status, seconds = _timed_get(exporter.base, "/metrics", _basic("prometheus", f"x{attempt}"))
+        assert status == 401
+        known.append(seconds)
+        status, seconds = _timed_get(exporter.base, "/metrics", _basic(f"user{attempt}", "x"))
+        assert status == 401
+        unknown.append(seconds)
+    ratio = statistics.median(unknown) / statistics.median(known)
+    assert 0.5 < ratio < 2.0, (statistics.median(known), statistics.median(unknown))
+
+
+def test_a_password_flood_does_not_starve_a_cached_scraper(secured, tmp_path: Path) -> None:
+    """16 threads send wrong passwords (each new, so each needs bcrypt at cost 10) while
+    Prometheus scrapes with its cached credentials. With every guess hashed in parallel the
+    scrape's median went from 5 ms to about 100 ms on 2 cores; bcrypt checks now run one at a
+    time and a cached credential never waits for them (measured: about 12 ms). Ceiling: the
+    flooded median under 4x the quiet median plus 10 ms. The scrape renders every time
+    (--web.enable-exporter-metrics), so it needs the CPU the flood takes."""
+    for index in range(20):
+        (tmp_path / "ckpt" / f"job{index}").mkdir(parents=True)
+    config = write_config(
+        tmp_path,
+        "jobs:\n" + "".join(f"  - {{name: job{i}, path: ckpt/job{i}}}\n" for i in range(20)),
+    )
+    web = write_config(
+        tmp_path, f"basic_auth_users: {{prometheus: {_hash(PASSWORD, rounds=10)}}}\n", "web.yaml"
+    )
+    exporter = Exporter(
+        "--config.file", str(config), "--web.config.file", str(web), "--web.enable-exporter-metrics"
+    )
+    try:
+        scrape = _basic("prometheus", PASSWORD)
+        assert _timed_get(exporter.base, "/metrics", scrape)[0] == 200  # now cached
+        quiet = [_timed_get(exporter.base, "/metrics", scrape)[1] for _ in range(20)]
+        stop = threading.Event()
+        statuses: list[int] = []
+
+        def guess(thread: int) -> None:
+            attempt = 0
+            while not stop.is_set():
+                status, _ = _timed_get(
+                    exporter.base, "/metrics", _basic("prometheus", f"{thread}/{attempt}")
+                )
+                statuses.append(status)
+                attempt += 1
+
+        threads = [threading.Thread(target=guess, args=(n,), daemon=True) for n in range(16)]
+        for thread in threads:
+            thread.start()
+        try:
+            time.sleep(1.0)  # every guessing thread is in flight
+            flooded = []
+            for _ in range(25):
+                status, seconds = _timed_get(exporter.base, "/metrics", scrape)
+                assert status == 200
+                flooded.append(seconds)
+                time.sleep(0.02)
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join(timeout=30)
+        ceiling = 4 * statistics.median(quiet) + 0.010
+        assert statistics.median(flooded) < ceiling, (statistics.median(quiet), flooded)
+        assert statuses and set(statuses) <= {401, 429}
+    finally:
+        exporter.close()
+
+
+def test_healthz_needs_no_credentials(secured, tmp_path: Path) -> None:
+    """Probes (kubelet, systemd, load balancers) carry no credentials: /healthz answers them;
+    everything else, the landing page included, still needs the password."""
+    exporter = secured(f"basic_auth_users: {{prometheus: {_hash(PASSWORD)}}}\n")
+    assert exporter.get("/healthz").status == 200 and exporter.get("/healthz").text == "ok\n"
+    for path in ("/metrics", "/", "/nothing-here", "/healthz/../metrics"):
+        reply = exporter.get(path)
+        assert reply.status == 401, path
+        assert b"checkpoint_" not in reply.body
+    assert exporter.get("/metrics", _basic("prometheus", PASSWORD)).status == 200
+
+    # A telemetry path named /healthz is the metrics, and keeps its authentication.
+    web = write_config(
+        tmp_path, f"basic_auth_users: {{prometheus: {_hash(PASSWORD)}}}\n", "w2.yaml"
+    )
+    metrics_there = Exporter("--web.config.file", str(web), "--web.telemetry-path", "/healthz")
+    try:
+        assert metrics_there.get("/healthz").status == 401
+        reply = metrics_there.get("/healthz", _basic("prometheus", PASSWORD))
+        assert reply.status == 200 and b"checkpoint_exporter_build_info" in reply.body
+    finally:
+        metrics_there.close()
+
+
+def test_healthz_over_tls_needs_no_credentials(secured, pki: Pki) -> None:
+    exporter = secured(f"""
+tls_server_config: {{cert_file: {pki.server_cert}, key_file: {pki.server_key}}}
+basic_auth_users: {{prometheus: {_hash(PASSWORD)}}}
+""")
+    host, port = exporter.base.removeprefix("https://").rsplit(":", 1)
+    connection = http.client.HTTPSConnection(host, int(port), context=_client(pki), timeout=10)
+    try:
+        connection.request("GET", "/healthz")
+        reply = connection.getresponse()
+        assert (reply.status, reply.read()) == (200, b"ok\n")
+    finally:
+        connection.close()
+    assert _get(exporter, _client(pki))[0] == 401  # /metrics still needs the password
+
+
+# --- the password checks themselves, in process ------------------------------------------
+
+
+def _security(**users: str) -> WebSecurity:
+    return WebSecurity(users={user: hashed.encode() for user, hashed in users.items()})
+
+
+def test_both_verdicts_are_cached_and_guesses_never_evict_a_success(monkeypatch) -> None:
+    """As exporter-toolkit: successes and failures are cached per (user, hash, password); here
+    failures live apart, so a stream of guesses cannot push out a scraper's success."""
+    monkeypatch.setattr(webconfig, "_MAX_FAILURES", 4)
+    security = _security(prometheus=_hash(PASSWORD))
+    assert security.authorized("prometheus", PASSWORD)
+    assert security.authorized("prometheus", PASSWORD)
+    assert security.bcrypt_checks == 1
+    assert not security.authorized("prometheus", "wrong")
+    assert not security.authorized("prometheus", "wrong")
+    assert security.bcrypt_checks == 2
+    for attempt in range(20):
+        assert not security.authorized("prometheus", f"guess {attempt}")
+    assert len(security._failures) == 4
+    checks = security.bcrypt_checks
+    assert security.authorized("prometheus", PASSWORD)
+    assert security.bcrypt_checks == checks  # still cached
+    # The key covers the user and the hash: a right password for another name is no hit.
+    assert not security.authorized("grafana", PASSWORD)
+    assert security.bcrypt_checks == checks + 1
+
+
+def test_cached_verdicts_expire() -> None:
+    now = [1000.0]
+    security = _security(prometheus=_hash(PASSWORD))
+    security.clock = lambda: now[0]
+    assert security.authorized("prometheus", PASSWORD)
+    assert not security.authorized("prometheus", "wrong")
+    now[0] += webconfig.SUCCESS_TTL_SECONDS - 1  # a success in use is refreshed on each hit
+    assert security.authorized("prometheus", PASSWORD)
+    now[0] += webconfig.SUCCESS_TTL_SECONDS - 1
+    assert security.authorized("prometheus", PASSWORD)
+    assert security.bcrypt_checks == 2
+    now[0] += webconfig.SUCCESS_TTL_SECONDS + 1
+    assert security.authorized("prometheus", PASSWORD)
+    assert not security.authorized("prometheus", "wrong")  # its failure expired long ago
+    assert security.bcrypt_checks == 4
+
+
+def test_unknown_users_cost_one_bcrypt_of_the_configured_cost() -> None:
+    security = _security(prometheus=_hash(PASSWORD), grafana=_hash(PASSWORD, rounds=6))
+    assert security.dummy_cost() == 6
+    assert not security.authorized("nobody", PASSWORD)
+    assert security._dummy is not None and security._dummy.startswith(b"$2b$06$")
+    assert not security.authorized("someone", PASSWORD)
+    assert security.bcrypt_checks == 2
+    # The dummy hash's own password is random; even it would not let an unknown user in.
+    assert not security.authorized("nobody", "")
+
+
+def test_longer_passwords_are_not_matched_on_their_first_72_bytes() -> None:
+    password = "p" * 72
+    security = _security(prometheus=_hash(password))
+    assert security.authorized("prometheus", password)
+    assert not security.authorized("prometheus", password + "extra")
+
+
+def test_a_queue_of_password_checks_is_bounded(monkeypatch) -> None:
+    security = _security(prometheus=_hash(PASSWORD))
+    assert security.authorized("prometheus", PASSWORD)
+    security._bcrypt.acquire()  # a long check in progress
+    try:
+        monkeypatch.setattr(webconfig, "MAX_WAIT_SECONDS", 0.05)
+        with pytest.raises(AuthBusy):
+            security.authorized("prometheus", "guess")  # waited its time, then gave up
+        monkeypatch.setattr(webconfig, "MAX_WAITING_CHECKS", 0)
+        with pytest.raises(AuthBusy):
+            security.authorized("prometheus", "guess")  # refused without waiting
+        assert security.authorized("prometheus", PASSWORD)  # cached: never waits
+    finally:
+        security._bcrypt.release()
+
+
+def test_too_many_waiting_checks_get_429(monkeypatch) -> None:
+    """The handler's answer to AuthBusy, through a real server in process."""
+    from prometheus_client import CollectorRegistry
+
+    from checkpoint_exporter.config import WebConfig
+    from checkpoint_exporter.server import MetricsServer
+
+    security = _security(prometheus=_hash(PASSWORD))
+    monkeypatch.setattr(webconfig, "MAX_WAITING_CHECKS", 0)
+    web = WebConfig(listen_address="127.0.0.1:0")
+    server = MetricsServer(web, CollectorRegistry(), lambda: None, security=security)
+    server.start()
+    try:
+        base = f"http://127.0.0.1:{server.address.port}"
+        status, _ = _timed_get(base, "/metrics", _basic("prometheus", "guess"))
+        assert status == 429
+        assert _timed_get(base, "/healthz", {})[0] == 200
+    finally:
+        server.stop()

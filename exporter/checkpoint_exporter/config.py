@@ -8,6 +8,7 @@ the loader refuses language tags, duplicate keys and alias expansions that blow 
 from __future__ import annotations
 
 import difflib
+import math
 import os
 import re
 import stat
@@ -163,6 +164,10 @@ def parse_listen_address(text: str) -> ListenAddress:
     if match is None:
         raise ValueError(f"invalid listen address {text!r}: expected host:port, e.g. :25780")
     host = match.group(1) if match.group(1) is not None else match.group(2)
+    if any(c.isspace() or not c.isprintable() for c in host):
+        raise ValueError(
+            f"invalid listen address {text!r}: the host contains a space or control character"
+        )
     port = int(match.group(3))
     if port > 65535:
         raise ValueError(f"invalid listen address {text!r}: port {port} is above 65535")
@@ -182,12 +187,30 @@ def _positive_duration(value: object) -> float:
     return seconds
 
 
-def _whole_number(minimum: int) -> Callable[[object], int]:
+# Upper bounds of counts and rates. Each value ends up in a float (a gauge, a token bucket) or
+# sizes something (a ring buffer, a recursion): past these it overflows, runs out of memory or
+# out of stack at run time, so it is refused when the file is loaded instead.
+MAX_COUNT = 1_000_000
+MAX_SCAN_DEPTH = 64  # the listing recurses once per level
+MAX_OPS_PER_SECOND = 1e9  # metadata operations: far beyond any filesystem; 0 means no limit
+MAX_BYTES_PER_SECOND = 1e13  # 10 TB/s: far beyond any disk; 0 means no limit
+MAX_RING_SAMPLES = 100_000  # telemetry.retention / telemetry.sample_interval: 1.6 MB a series
+
+
+def _shown(value: object) -> str:
+    """``value`` for an error message, cut short: a 5,000-digit number is not worth echoing."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:30]}...({len(text)} characters)"
+
+
+def _whole_number(minimum: int, maximum: int = MAX_COUNT) -> Callable[[object], int]:
     def parse(value: object) -> int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"expected a whole number, got {_type_name(value)} {value!r}")
+            raise ValueError(f"expected a whole number, got {_type_name(value)} {_shown(value)}")
         if value < minimum:
-            raise ValueError(f"must be at least {minimum}, got {value}")
+            raise ValueError(f"must be at least {minimum}, got {_shown(value)}")
+        if value > maximum:
+            raise ValueError(f"must be at most {maximum:,}, got {_shown(value)}")
         return value
 
     return parse
@@ -195,18 +218,32 @@ def _whole_number(minimum: int) -> Callable[[object], int]:
 
 def _fraction(value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"expected a number between 0 and 1, got {_type_name(value)} {value!r}")
+        raise ValueError(
+            f"expected a number between 0 and 1, got {_type_name(value)} {_shown(value)}"
+        )
     if not 0 <= value < 1:
-        raise ValueError(f"must be at least 0 and below 1 (a share of the space), got {value}")
+        raise ValueError(
+            f"must be at least 0 and below 1 (a share of the space), got {_shown(value)}"
+        )
     return float(value)
 
 
-def _non_negative(value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"expected a number, got {_type_name(value)} {value!r}")
-    if value < 0:
-        raise ValueError(f"must not be negative, got {value}")
-    return float(value)
+def _rate(maximum: float) -> Callable[[object], float]:
+    """A non-negative, finite number of at most ``maximum`` (per second; 0 = no limit)."""
+
+    def parse(value: object) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"expected a number, got {_type_name(value)} {_shown(value)}")
+        # Compared before any conversion: float() of a huge int would itself overflow.
+        if isinstance(value, float) and math.isnan(value):
+            raise ValueError("expected a number, got nan")
+        if value < 0:
+            raise ValueError(f"must not be negative, got {_shown(value)}")
+        if value > maximum:
+            raise ValueError(f"must be at most {maximum:g} (0 means no limit), got {_shown(value)}")
+        return float(value)
+
+    return parse
 
 
 def _choice(options: tuple[str, ...]) -> Callable[[object], str]:
@@ -242,7 +279,12 @@ def _regex(value: object) -> str:
 def _telemetry_path(value: object) -> str:
     text = _text(value)
     if not text.startswith("/"):
-        raise ValueError(f"must start with '/', got {text!r}")
+        raise ValueError(f"must start with '/', got {_shown(text)}")
+    if any(c.isspace() or not c.isprintable() or c in "?#" for c in text):
+        raise ValueError(
+            f"must be a plain URL path (no spaces, control characters, '?' or '#'), "
+            f"got {_shown(text)}"
+        )
     return text
 
 
@@ -432,6 +474,7 @@ class _Checker:
         # Values the YAML reader already refused: their follow-on problems would be noise.
         self.refused = refused
         self.problems: list[ConfigProblem] = []
+        self.other_files: list[ConfigProblem] = []  # problems of the web config file it names
 
     def error(self, path: KeyPath, reason: str) -> None:
         if any(path[:depth] in self.refused for depth in range(len(path) + 1)):
@@ -472,7 +515,14 @@ class _Checker:
 
     def path(self, value: object) -> Path:
         text = _text(value)
-        path = Path(text).expanduser()
+        # No file name can hold NUL, and every system call refuses it: say so here rather than
+        # let os.stat raise at start-up.
+        if "\0" in text:
+            raise ValueError(f"a path cannot contain a NUL character, got {_shown(text)}")
+        try:
+            path = Path(text).expanduser()
+        except RuntimeError as error:  # "~" without a home directory
+            raise ValueError(f"cannot expand {_shown(text)}: {error}") from None
         return path if path.is_absolute() else self.base_dir / path
 
     def readable_directory(self, path: KeyPath, directory: Path) -> None:
@@ -542,6 +592,14 @@ def _parse(data: object, checker: _Checker) -> Config:
         checker.error(
             ("web", "config_file"), f"{web.config_file} does not exist or is not readable"
         )
+    elif web.config_file is not None:
+        # check-config checks the web config it names too, so no problem waits for serve.
+        from checkpoint_exporter.webconfig import load_web_config
+
+        try:
+            load_web_config(web.config_file)
+        except ConfigError as error:
+            checker.other_files.extend(error.problems)
     paths = PathsConfig(
         **checker.section(
             top.get("paths"),
@@ -562,15 +620,27 @@ def _parse(data: object, checker: _Checker) -> Config:
             },
         )
     )
+    if telemetry.retention / telemetry.sample_interval > MAX_RING_SAMPLES:
+        raw = top.get("telemetry")
+        key = (
+            "sample_interval" if isinstance(raw, dict) and "sample_interval" in raw else "retention"
+        )
+        checker.error(
+            ("telemetry", key),
+            f"retention {format_duration(telemetry.retention)} at one sample every "
+            f"{format_duration(telemetry.sample_interval)} is "
+            f"{telemetry.retention / telemetry.sample_interval:,.0f} samples a series; at most "
+            f"{MAX_RING_SAMPLES:,} are kept (sample less often or keep less)",
+        )
     scan = ScanConfig(
         **checker.section(
             top.get("scan"),
             ("scan",),
             {
-                "metadata_ops_per_second": _non_negative,
+                "metadata_ops_per_second": _rate(MAX_OPS_PER_SECOND),
                 "reconcile_interval": _positive_duration,
-                "max_depth": _whole_number(1),
-                "checksum_bytes_per_second": _non_negative,
+                "max_depth": _whole_number(1, MAX_SCAN_DEPTH),
+                "checksum_bytes_per_second": _rate(MAX_BYTES_PER_SECOND),
             },
         )
     )
@@ -674,8 +744,9 @@ def parse_config(text: str, file: str = "<config>", base_dir: Path | None = None
     if document.problems and document.data is None:
         raise ConfigError(checker.problems)
     config = _parse(document.data, checker)
-    if checker.problems:
-        raise ConfigError(sorted(checker.problems, key=lambda p: (p.line or 0, p.key)))
+    if checker.problems or checker.other_files:
+        problems = sorted(checker.problems, key=lambda p: (p.line or 0, p.key))
+        raise ConfigError(problems + checker.other_files)
     return config
 
 

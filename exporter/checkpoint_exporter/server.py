@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import errno
 import gzip
 import logging
@@ -21,15 +22,25 @@ from checkpoint_exporter import __version__, landing
 from checkpoint_exporter.config import ListenAddress, WebConfig, parse_listen_address
 from checkpoint_exporter.exposition import Renderer
 from checkpoint_exporter.model import Snapshot
-from checkpoint_exporter.webconfig import WebSecurity
+from checkpoint_exporter.webconfig import AuthBusy, WebSecurity
 
 log = logging.getLogger(__name__)
+
+
+# Answered without authentication: says only "ok", and a probe (kubelet, systemd, a load
+# balancer) has no credentials. Everything else, the landing page included, needs them.
+UNAUTHENTICATED_PATHS = ("/healthz",)
+MAX_DRAINED_BODY = 64 * 1024  # a body on GET is refused; up to this much is read off first
 
 
 class _DualStackServer(ThreadingHTTPServer):
     daemon_threads = True
     # Prometheus restarts scrapes quickly after an exporter restart; don't wait out TIME_WAIT.
     allow_reuse_address = True
+    # socketserver's default listen backlog is 5: a burst of connections (several Prometheus
+    # replicas, a probe, a few slow clients) would have SYNs dropped and wait out a 1 s
+    # retransmit. The kernel caps it at net.core.somaxconn.
+    request_queue_size = 1024
     tls: ssl.SSLContext | None = None
 
     def finish_request(self, request: Any, client_address: Any) -> None:
@@ -148,6 +159,38 @@ class MetricsServer:
         self._httpd.server_close()
 
 
+def gzip_accepted(header: str) -> bool:
+    """Whether an Accept-Encoding header (RFC 9110 12.5.3) takes gzip.
+
+    prometheus_client's gzip_accepted ignores quality values, so ``gzip;q=0`` ("never gzip")
+    would get gzip; here a coding with q=0 is refused, and ``*`` stands for gzip unless gzip is
+    named. A malformed quality value counts as 0: when in doubt, send identity."""
+    gzip_q: float | None = None
+    any_q: float | None = None
+    for item in header.split(","):
+        coding, *params = (part.strip() for part in item.split(";"))
+        coding = coding.lower()
+        if not coding:
+            continue
+        q = 1.0
+        for param in params:
+            name, _, value = param.partition("=")
+            if name.strip().lower() == "q":
+                try:
+                    q = float(value.strip())
+                except ValueError:
+                    q = 0.0
+                if not 0.0 <= q <= 1.0:  # nan and out-of-range values included
+                    q = 0.0
+        if coding in ("gzip", "x-gzip"):
+            gzip_q = q if gzip_q is None else max(gzip_q, q)
+        elif coding == "*":
+            any_q = q
+    if gzip_q is not None:
+        return gzip_q > 0
+    return any_q is not None and any_q > 0
+
+
 class _Handler(BaseHTTPRequestHandler):
     exporter: MetricsServer
     server_version = f"checkpoint-exporter/{__version__}"
@@ -165,11 +208,28 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _respond(self, head: bool) -> None:
         self._head = head
-        if self.exporter.security.users and not self._authenticated():
-            self._send(401, "text/plain; charset=utf-8", b"unauthorized\n", challenge=True)
+        if self._has_body():
+            # The body would otherwise be read as the next request on this connection (a
+            # request smuggled past whatever checked this one). Refuse and close instead;
+            # a small body is read first, so closing does not reset the connection before
+            # the client has read the answer.
+            self._drain_small_body()
+            self.close_connection = True
+            self._send(400, "text/plain; charset=utf-8", b"a GET or HEAD request has no body\n")
             return
         path = urlsplit(self.path).path
         web = self.exporter.web
+        public = path in UNAUTHENTICATED_PATHS and path != web.telemetry_path
+        if self.exporter.security.users and not public:
+            try:
+                authenticated = self._authenticated()
+            except AuthBusy:
+                self._send(429, "text/plain; charset=utf-8", b"too many password checks\n",
+                           extra={"Retry-After": "1"})  # fmt: skip
+                return
+            if not authenticated:
+                self._send(401, "text/plain; charset=utf-8", b"unauthorized\n", challenge=True)
+                return
         if path == web.telemetry_path:
             self._metrics()
         elif path == "/healthz":
@@ -179,6 +239,20 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, "text/html; charset=utf-8", page.encode())
         else:
             self._send(404, "text/plain; charset=utf-8", b"not found\n")
+
+    def _has_body(self) -> bool:
+        if self.headers.get("Transfer-Encoding") is not None:
+            return True
+        length = self.headers.get("Content-Length")
+        return length is not None and length.strip() != "0"
+
+    def _drain_small_body(self) -> None:
+        length = self.headers.get("Content-Length", "").strip()
+        if self.headers.get("Transfer-Encoding") is None and length.isdigit():
+            size = int(length)
+            if size <= MAX_DRAINED_BODY:
+                with contextlib.suppress(OSError):
+                    self.rfile.read(size)
 
     def _authenticated(self) -> bool:
         scheme, _, credentials = self.headers.get("Authorization", "").partition(" ")
@@ -199,7 +273,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(500, "text/plain; charset=utf-8", b"error rendering metrics\n")
             return
         encoding = None
-        if "gzip" in self.headers.get("Accept-Encoding", ""):
+        if gzip_accepted(self.headers.get("Accept-Encoding", "")):
             body, encoding = gzip.compress(body, compresslevel=1), "gzip"
         self._send(200, content_type, body, encoding)
 
@@ -210,12 +284,15 @@ class _Handler(BaseHTTPRequestHandler):
         body: bytes,
         encoding: str | None = None,
         challenge: bool = False,
+        extra: dict[str, str] | None = None,
     ) -> None:
         self.send_response(status)
-        for name, value in self.exporter.security.headers.items():
+        for name, value in {**self.exporter.security.headers, **(extra or {})}.items():
             self.send_header(name, value)
         if challenge:
             self.send_header("WWW-Authenticate", 'Basic realm="checkpoint-exporter"')
+        if self.close_connection:
+            self.send_header("Connection", "close")
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
         if encoding:

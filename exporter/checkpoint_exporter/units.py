@@ -21,17 +21,32 @@ _UNITS: tuple[tuple[str, float], ...] = (
 )
 _PART = re.compile(r"(\d+)(ms|[ywdhms])")
 
+# The longest duration anything accepts. Every duration ends up in a timer (a thread's wait,
+# a sleep, a deadline on the monotonic clock), and those overflow a little above 292 years
+# (threading.TIMEOUT_MAX, Prometheus' own limit too): 100y leaves room for "now + duration".
+MAX_DURATION = 100 * 365 * 86400.0
+_MAX_DIGITS = 15  # 100y is 3,153,600,000,000 ms: 13 digits
 
-def parse_duration(value: object) -> float:
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:30]}...({len(text)} characters)"
+
+
+def parse_duration(value: object, maximum: float = MAX_DURATION) -> float:
     """Seconds from ``90s``, ``1h30m``, ``500ms`` or a plain non-negative number of seconds.
 
-    Raises ValueError with a reason a person can act on.
+    Raises ValueError with a reason a person can act on, also for durations above ``maximum``
+    (100 years by default), which would overflow a timer at run time.
     """
     if isinstance(value, bool):
         raise ValueError(f"expected a duration such as 90s, 15m or 1h, got {value!r}")
     if isinstance(value, (int, float)):
-        if not math.isfinite(value) or value < 0:
-            raise ValueError(f"duration must be a finite, non-negative number, got {value!r}")
+        # A huge int is compared as an int: converting it to float would itself overflow.
+        if (isinstance(value, float) and not math.isfinite(value)) or value < 0:
+            raise ValueError(f"duration must be a finite, non-negative number, got {_shown(value)}")
+        if value > maximum:
+            raise ValueError(_too_long(value, maximum))
         return float(value)
     if not isinstance(value, str):
         raise ValueError(f"expected a duration such as 90s, 15m or 1h, got {type(value).__name__}")
@@ -46,21 +61,30 @@ def parse_duration(value: object) -> float:
         match = _PART.match(text, position)
         if match is None:
             raise ValueError(
-                f"invalid duration {value!r}: expected numbers with units y, w, d, h, m, s, ms "
-                "(for example 90s, 15m, 1h30m)"
+                f"invalid duration {_shown(value)}: expected numbers with units y, w, d, h, m, "
+                "s, ms (for example 90s, 15m, 1h30m)"
             )
         number, unit = match.groups()
         rank = unit_rank[unit]
         if rank <= previous_rank:
             raise ValueError(
-                f"invalid duration {value!r}: units must go from largest to smallest, each once"
+                f"invalid duration {_shown(value)}: units must go from largest to smallest, "
+                "each once"
             )
         previous_rank = rank
+        if len(number.lstrip("0")) > _MAX_DIGITS:
+            raise ValueError(_too_long(value, maximum))
         total += int(number) * _UNITS[rank][1]
         position = match.end()
     if position == 0:
         raise ValueError("empty duration: expected something like 90s, 15m or 1h")
+    if total > maximum:
+        raise ValueError(_too_long(value, maximum))
     return total
+
+
+def _too_long(value: object, maximum: float) -> str:
+    return f"duration {_shown(value)} is too long: at most {format_duration(maximum)}"
 
 
 def format_duration(seconds: float) -> str:

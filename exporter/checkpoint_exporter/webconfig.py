@@ -18,8 +18,13 @@ them, Go cipher-suite names) is refused with a reason rather than silently weake
 from __future__ import annotations
 
 import hashlib
+import hmac
+import re
+import secrets
 import ssl
 import threading
+import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,40 +48,137 @@ _TLS_KEYS = {
     "cipher_suites", "prefer_server_cipher_suites", "curve_preferences",
 }  # fmt: skip
 _TOP_KEYS = {"tls_server_config", "basic_auth_users", "http_server_config"}
+# exporter-toolkit's extraHTTPHeaders: the headers a web config may set, and their values when
+# they are an enumeration.
+_EXTRA_HEADERS: dict[str, tuple[str, ...]] = {
+    "Strict-Transport-Security": (),
+    "X-Content-Type-Options": ("nosniff",),
+    "X-Frame-Options": ("deny", "sameorigin"),
+    "X-XSS-Protection": (),
+    "Content-Security-Policy": (),
+}
+
+
+class AuthBusy(Exception):
+    """Too many password checks are already waiting: answer 429 rather than queue another."""
+
+
+# Password checks that may wait for the bcrypt slot, and for how long, before the request is
+# answered 429: a flood of guesses queues here, bounded, instead of taking every core.
+MAX_WAITING_CHECKS = 64
+MAX_WAIT_SECONDS = 10.0
+# How long a verdict is remembered. A success is refreshed on every use, so a scraper whose
+# credentials are in use never needs bcrypt again (and never waits behind a flood of guesses);
+# a failure expires on time, and failures live apart so guesses can never evict a success.
+SUCCESS_TTL_SECONDS = 300.0
+FAILURE_TTL_SECONDS = 300.0
+_MAX_SUCCESSES = 256
+_MAX_FAILURES = 4096
+_BCRYPT_MAX_PASSWORD = 72  # bytes; bcrypt 5 refuses longer passwords
+# bcrypt's own range is 4..31, but a cost of 18 already takes tens of seconds per check, and
+# checks run one at a time: htpasswd -B (4..17) is the bound here.
+BCRYPT_COSTS = range(4, 18)
+_BCRYPT_HASH = re.compile(r"\$2[aby]\$(\d\d)\$[./A-Za-z0-9]{53}")
 
 
 @dataclass
 class WebSecurity:
-    """What the server enforces: a TLS context, basic-auth users, extra response headers."""
+    """What the server enforces: a TLS context, basic-auth users, extra response headers.
+
+    Password checks follow exporter-toolkit's web/handler.go: an unknown user is checked
+    against a dummy hash (here of the same bcrypt cost as the configured users, so the time
+    taken does not tell whether a user name exists), only one bcrypt check runs at a time, and
+    both verdicts are cached, keyed by user, expected hash and password. Unlike the toolkit,
+    the key is an HMAC under a per-process random key (no plaintext password is kept), entries
+    expire, and failures are kept apart from successes so a flood of wrong passwords cannot
+    evict a scraper's cached success.
+    """
 
     tls: ssl.SSLContext | None = None
     users: dict[str, bytes] = field(default_factory=dict)  # user -> bcrypt hash
     headers: dict[str, str] = field(default_factory=dict)
-    _verified: set[tuple[str, bytes]] = field(default_factory=set)
+    clock: Any = time.monotonic
+    _key: bytes = field(default_factory=lambda: secrets.token_bytes(32))
+    _successes: OrderedDict[bytes, float] = field(default_factory=OrderedDict)  # -> expiry
+    _failures: OrderedDict[bytes, float] = field(default_factory=OrderedDict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _bcrypt: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(1))
+    _waiting: int = 0
+    _dummy: bytes | None = None  # the unknown users' hash, made on first use
+    bcrypt_checks: int = 0  # bcrypt computations so far (for tests and debugging)
 
     def authorized(self, user: str, password: str) -> bool:
-        """Checks a password against the user's bcrypt hash; successes are remembered by digest,
-        because bcrypt is slow on purpose and Prometheus scrapes every few seconds."""
+        """Whether ``password`` is ``user``'s. Raises AuthBusy when the check would have to
+        queue behind too many others."""
         expected = self.users.get(user)
-        if expected is None:
-            return False
-        key = (user, hashlib.sha256(password.encode()).digest())
+        key = self._cache_key(user, expected, password)
+        now = self.clock()
         with self._lock:
-            if key in self._verified:
+            expiry = self._successes.get(key)
+            if expiry is not None and expiry > now:
+                self._successes[key] = now + SUCCESS_TTL_SECONDS
+                self._successes.move_to_end(key)
                 return True
+            expiry = self._failures.get(key)
+            if expiry is not None and expiry > now:
+                return False
+            if self._waiting >= MAX_WAITING_CHECKS:
+                raise AuthBusy
+            self._waiting += 1
+        try:
+            acquired = self._bcrypt.acquire(timeout=MAX_WAIT_SECONDS)
+        finally:
+            with self._lock:
+                self._waiting -= 1
+        if not acquired:
+            raise AuthBusy
+        try:
+            ok = self._check(expected, password.encode())
+        finally:
+            self._bcrypt.release()
+        with self._lock:
+            cache, limit = (
+                (self._successes, _MAX_SUCCESSES) if ok else (self._failures, _MAX_FAILURES)
+            )
+            cache[key] = self.clock() + (SUCCESS_TTL_SECONDS if ok else FAILURE_TTL_SECONDS)
+            cache.move_to_end(key)
+            while len(cache) > limit:
+                cache.popitem(last=False)
+        return ok
+
+    def _cache_key(self, user: str, expected: bytes | None, password: str) -> bytes:
+        mac = hmac.new(self._key, digestmod=hashlib.sha256)
+        for part in (user.encode(), expected or b"", password.encode()):
+            mac.update(len(part).to_bytes(8, "big"))
+            mac.update(part)
+        return mac.digest()
+
+    def _check(self, expected: bytes | None, password: bytes) -> bool:
+        """One bcrypt computation, whether or not the user exists. Holds the bcrypt slot."""
         import bcrypt
 
+        self.bcrypt_checks += 1
+        known = expected is not None
+        if expected is None:
+            if self._dummy is None:
+                # Making the dummy hash is itself one bcrypt computation of that cost.
+                self._dummy = bcrypt.hashpw(
+                    secrets.token_urlsafe(16).encode(), bcrypt.gensalt(self.dummy_cost())
+                )
+                return False
+            expected = self._dummy
         try:
-            ok = bcrypt.checkpw(password.encode(), expected)
-        except ValueError:
+            # bcrypt reads at most 72 bytes: hash that much whatever the length (same time),
+            # and never accept a longer password for its first 72 bytes.
+            match = bcrypt.checkpw(password[:_BCRYPT_MAX_PASSWORD], expected)
+        except ValueError:  # a hash bcrypt cannot read
             return False
-        if ok:
-            with self._lock:
-                if len(self._verified) > 1024:
-                    self._verified.clear()
-                self._verified.add(key)
-        return ok
+        return match and known and len(password) <= _BCRYPT_MAX_PASSWORD
+
+    def dummy_cost(self) -> int:
+        """The cost of the unknown users' hash: the highest of the configured users'."""
+        costs = [int(h[4:6]) for h in self.users.values() if h[4:6].isdigit()]
+        return max(costs, default=10)
 
 
 def load_web_config(path: str | Path) -> WebSecurity:
@@ -104,10 +206,18 @@ def load_web_config(path: str | Path) -> WebSecurity:
         problem("basic_auth_users", "expected a mapping of user name to bcrypt hash")
         users = {}
     for user, hashed in users.items():
-        if not isinstance(hashed, str) or not hashed.startswith(("$2a$", "$2b$", "$2y$")):
-            problem(
-                f"basic_auth_users.{user}", "expected a bcrypt hash ($2y$..., from htpasswd -B)"
-            )
+        key = f"basic_auth_users.{user}"
+        if not isinstance(hashed, str) or not _BCRYPT_HASH.fullmatch(hashed):
+            problem(key, "expected a bcrypt hash ($2y$..., from htpasswd -B)")
+            continue
+        if int(hashed[4:6]) not in BCRYPT_COSTS:
+            problem(key, f"bcrypt cost {int(hashed[4:6])} is outside {BCRYPT_COSTS.start}.."
+                    f"{BCRYPT_COSTS.stop - 1} (htpasswd -B's range): every password check "
+                    "would take too long")  # fmt: skip
+            continue
+        if ":" in str(user) or any(ord(c) < 0x20 or c == "\x7f" for c in str(user)):
+            problem(key, "a user name cannot contain ':' or control characters (basic auth "
+                    "splits user and password at the first ':')")  # fmt: skip
             continue
         security.users[str(user)] = hashed.encode()
     security.headers = _headers(data.get("http_server_config"), problem)
@@ -132,9 +242,19 @@ def _headers(http: object, problem: Any) -> dict[str, str]:
         return {}
     clean = {}
     for name, value in headers.items():
+        key = f"http_server_config.headers.{name}"
         # A line break in a header would let the config file inject a response; refuse it.
         if not isinstance(value, str) or any(c in f"{name}{value}" for c in "\r\n\0"):
-            problem(f"http_server_config.headers.{name}", "expected a single-line string")
+            problem(key, "expected a single-line string")
+            continue
+        # As exporter-toolkit: only these security headers, so a careless entry cannot break
+        # the response's own framing (Content-Length, Content-Encoding, Connection, ...).
+        allowed = _EXTRA_HEADERS.get(str(name), ())
+        if str(name) not in _EXTRA_HEADERS:
+            problem(key, f"cannot be configured; one of {', '.join(_EXTRA_HEADERS)}")
+            continue
+        if allowed and value not in allowed:
+            problem(key, f"must be one of {', '.join(allowed)}, got {value!r}")
             continue
         clean[str(name)] = value
     return clean
@@ -164,14 +284,24 @@ def _tls_context(tls: object, base: Path, problem: Any) -> ssl.SSLContext | None
         else:
             setattr(context, attribute, _VERSIONS[value])
 
+    bad_paths = []
+
     def path_of(key: str) -> Path | None:
         value = tls.get(key)
         if value is None:
             return None
-        path = Path(str(value))
+        if not isinstance(value, str) or not value or "\0" in value:
+            problem(f"tls_server_config.{key}", "expected a file path (a non-empty string "
+                    "without NUL characters)")  # fmt: skip
+            bad_paths.append(key)
+            return None
+        path = Path(value)
         return path if path.is_absolute() else base / path
 
     cert, key = path_of("cert_file"), path_of("key_file")
+    ca = path_of("client_ca_file")
+    if bad_paths:
+        return None
     if cert is None or key is None:
         problem("tls_server_config", "cert_file and key_file are both required")
         return None
@@ -193,7 +323,6 @@ def _tls_context(tls: object, base: Path, problem: Any) -> ssl.SSLContext | None
         problem("tls_server_config.client_auth_type", f"must be one of {', '.join(_CLIENT_AUTH)}")
         return None
     context.verify_mode = _CLIENT_AUTH[auth]
-    ca = path_of("client_ca_file")
     if context.verify_mode != ssl.CERT_NONE:
         if ca is None:
             problem("tls_server_config.client_ca_file", f"required with {auth}")
