@@ -16,7 +16,14 @@ from checkpoint_exporter import layouts
 from checkpoint_exporter.config import Policy
 from checkpoint_exporter.layouts.base import ZIP, Check, Found, file_generation
 from checkpoint_exporter.listing import OpsBudget, TreeReader
-from checkpoint_exporter.model import ABORTED, COMMITTED, DURABLE, WRITING, WatchedPath
+from checkpoint_exporter.model import (
+    ABORTED,
+    COMMITTED,
+    DURABLE,
+    WRITING,
+    WatchedPath,
+    newest_committed,
+)
 from checkpoint_exporter.tracker import JobTracker
 from checkpoint_exporter.validate import Verdict
 
@@ -198,3 +205,23 @@ def test_the_valid_gauge_keeps_its_verdict_while_a_newer_generation_is_validated
     assert state.last_committed_valid is True  # not absent while step-2 is checked
     tracker.apply_verdict(request, Verdict(False, "bad_zip"))
     assert tracker.state().last_committed_valid is False
+
+
+def test_a_rewrite_in_place_keeps_the_last_commit_visible_until_judged() -> None:
+    """save_pretrained into the same directory: while the new files settle, the last committed
+    state is still what a scrape shows (nothing blinks); an aborted rewrite leaves nothing."""
+    tracker = job()
+    tracker.observe(DURABLE, [], T)
+    tracker.observe(DURABLE, [single(500, T + 1)], T + 1)
+    (request,) = tracker.observe(DURABLE, [single(500, T + 1)], T + 7)
+    tracker.apply_verdict(request, Verdict(True))
+    tracker.observe(DURABLE, [single(900, T + 60)], T + 60)
+    views = {g.state: g for g in tracker.state().generations}
+    assert set(views) == {WRITING, COMMITTED}
+    assert (views[COMMITTED].bytes, views[COMMITTED].valid) == (500, True)
+    assert newest_committed(tracker.state()).bytes == 500
+    assert tracker.state().last_committed_valid is True
+    tracker.tick(T + 60 + 31)  # the rewrite was killed: never judged whole
+    state = tracker.state()
+    assert [g.state for g in state.generations] == [ABORTED]
+    assert newest_committed(state) is None

@@ -158,6 +158,11 @@ class Validator:
                     "invalid checkpoint: job=%s generation=%s reason=%s %s",
                     request.job, request.generation, verdict.reason, verdict.detail,
                 )  # fmt: skip
+            elif verdict.detail:
+                log.warning(
+                    "checkpoint partly checked: job=%s generation=%s %s",
+                    request.job, request.generation, verdict.detail,
+                )  # fmt: skip
             self.verdicts.put((request, verdict))
 
 
@@ -505,7 +510,8 @@ class Scanner:
             requests = job.observe(tier.tier, found, self.clock(), unreadable)
             if job.just_committed:
                 # Sizes were last statted mid-write: one full read of what just committed.
-                tree, stats = tier.reader.read(hot, force_paths=job.just_committed)
+                committed = ["" if gen_id == "." else gen_id for gen_id in job.just_committed]
+                tree, stats = tier.reader.read(hot, force_paths=committed)
                 self._scan_errors += len(stats.errors)
                 unreadable = {path for path, _ in stats.errors}
                 found = self._found(source, tier, tree)

@@ -87,6 +87,11 @@ class _Gen:
     validated: tuple[int, int, float] | None = None  # signature the verdict is for
     pending: tuple[int, int, float] | None = None  # signature submitted for validation
     step_inside: int | None = None  # read inside the generation by the validator
+    # A generation without a marker rewritten in place (save_pretrained into the same directory,
+    # last.ckpt saved again): what it was when last committed, still shown as committed while
+    # the new content settles, so no gauge blinks at every save. Dropped when the rewrite is
+    # judged, or aborted (then nothing known restorable is left at that name).
+    last_commit: Generation | None = None
 
     @property
     def signature(self) -> tuple[int, int, float]:
@@ -262,6 +267,7 @@ class JobTracker:
 
     def _update(self, gen: _Gen, item: Found, now: float) -> None:
         moved = (item.bytes, item.files, item.last_write_time) != gen.signature
+        before = gen.public() if gen.state == COMMITTED else None
         if moved:
             gen.progress_at = now
             if item.last_write_time != gen.found.last_write_time:
@@ -285,6 +291,8 @@ class JobTracker:
             gen.valid = gen.invalid_reason = gen.validated = gen.pending = None
             gen.progress_at = now
             gen.start_time = item.start_time if moved else gen.start_time
+            if item.settles and before is not None:
+                gen.last_commit = before
         elif item.settles and moved and gen.state == WRITING:
             gen.history = False  # it moved while we watched: a live save, counted when judged
 
@@ -484,7 +492,7 @@ class JobTracker:
         return now - gen.progress_at > self.policy.deadline
 
     def _abort(self, gen: _Gen, reason: str | None = None) -> None:
-        gen.state = ABORTED
+        gen.state, gen.last_commit = ABORTED, None
         if not gen.history:
             found = gen.found
             log.warning(
@@ -546,7 +554,7 @@ class JobTracker:
             gen.state = COMMITTED  # history: gauges only
         else:
             self._commit(gen)
-        gen.valid, gen.invalid_reason = True, None
+        gen.valid, gen.invalid_reason, gen.last_commit = True, None, None
         self._writing = any(g.state == WRITING for g in self._gens.values())
 
     def retry_validation(self, request: ValidationRequest) -> None:
@@ -569,7 +577,9 @@ class JobTracker:
     def hot_directories(self, tier: str) -> list[str]:
         """Generations being written on ``tier``: their files are re-statted while hot."""
         return [
-            gen.found.id for (t, _), gen in self._gens.items() if t == tier and gen.state == WRITING
+            _listing_path(gen.found.id)
+            for (t, _), gen in self._gens.items()
+            if t == tier and gen.state == WRITING
         ]
 
     def has_saves_in_progress(self) -> bool:
@@ -599,7 +609,12 @@ class JobTracker:
             deadline_seconds=self.policy.deadline,
             retained_generations_limit=self.policy.retained_generations,
             restore_drill_max_age_seconds=self.policy.restore_drill_max_age,
-            generations=tuple(gen.public() for gen in self._gens.values()),
+            generations=tuple(
+                view
+                for gen in self._gens.values()
+                for view in (gen.public(), gen.last_commit)
+                if view is not None
+            ),
             saves_committed=self.saves_committed,
             saves_aborted=self.saves_aborted,
             deadline_misses=self.deadline_misses,
@@ -628,6 +643,11 @@ class JobTracker:
             recent_restores=tuple(self.recent_restores),
             storage_clock_skew=self.storage_clock_skew,
         )
+
+
+def _listing_path(gen_id: str) -> str:
+    """A generation's id as a path in the tier's listing (the root itself is "" there)."""
+    return "" if gen_id == "." else gen_id
 
 
 def _behind(gen_id: str, unreadable: Collection[str]) -> bool:

@@ -276,8 +276,9 @@ jobs:
 
 
 def retained(paths: list[str]) -> int:
-    """How many of the generations a writer reported are still on disk (its own retention)."""
-    return sum(1 for path in paths if os.path.lexists(path))
+    """How many of the generations a writer reported are still on disk (its own retention); a
+    generation saved again in place counts once."""
+    return sum(1 for path in set(paths) if os.path.lexists(path))
 
 
 @dataclass
