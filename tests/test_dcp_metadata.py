@@ -45,6 +45,91 @@ def test_reads_real_torch_metadata_without_torch(real_checkpoint: Path) -> None:
     assert torch_loaded == "False"
 
 
+def write_megatron(root: Path, saves: int = 1) -> Path:
+    """Megatron-LM's save (tests/writers/drivers/megatron.py: real megatron-core 0.16.1, a tiny
+    GPTModel, torch_dist) into ``root``; returns the newest ``iter_*`` directory."""
+    from tests.writers.harness import DRIVERS, writer_python
+
+    root.mkdir(parents=True, exist_ok=True)
+    subprocess.run(
+        [writer_python("torch"), str(DRIVERS / "megatron.py"), str(root)],
+        input="save\n" * saves + "quit\n",
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"},
+    )
+    return max(root.glob("iter_*"))
+
+
+@pytest.fixture(scope="module")
+def megatron_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_megatron(tmp_path_factory.mktemp("megatron") / "save")
+
+
+PLANNER = "torch.distributed.checkpoint.planner"
+
+
+@pytest.mark.writers
+def test_reads_real_megatron_core_metadata_without_torch(megatron_checkpoint: Path) -> None:
+    """megatron-core stores its save plans (SavePlan, WriteItem...) in .metadata: admitted as
+    inert stand-ins; the shard sizes are the offsets + lengths the writer recorded."""
+    code = (
+        "import sys; from checkpoint_exporter import dcp_metadata; "
+        f"m = dcp_metadata.read({str(megatron_checkpoint / '.metadata')!r}); "
+        "print(sorted(m.shards.items())); print('torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    shards_line, torch_loaded = out.stdout.strip().splitlines()
+    sizes = sorted((p.name, p.stat().st_size) for p in megatron_checkpoint.glob("*.distcp"))
+    assert len(sizes) >= 1 and shards_line == repr(sizes)  # each shard ends where its data ends
+    assert torch_loaded == "False"
+
+
+@pytest.mark.writers
+def test_megatron_metadata_references_exactly_the_admitted_planner_classes(
+    megatron_checkpoint: Path,
+) -> None:
+    seen: set[tuple[str, str]] = set()
+
+    class Recording(dcp_metadata._AllowlistUnpickler):
+        def find_class(self, module: str, name: str) -> object:
+            seen.add((module, name))
+            return super().find_class(module, name)
+
+    root = Recording(io.BytesIO((megatron_checkpoint / ".metadata").read_bytes())).load()
+    assert isinstance(root, dcp_metadata.Metadata)
+    planner = {name for module, name in seen if module == PLANNER}
+    assert planner == {"SavePlan", "WriteItem", "WriteItemType", "TensorWriteData"}
+    plans = root.get("all_local_plans")
+    assert isinstance(plans, list) and all(isinstance(p, dcp_metadata.SavePlan) for p in plans)
+
+
+@pytest.mark.parametrize(
+    "name", ["LoadPlan", "ReadItem", "SavePlanner", "LoadItemType", "BytesIOWriteData", "os"]
+)
+def test_other_planner_names_are_refused(name: str) -> None:
+    with pytest.raises(MetadataError, match="refused to load"):
+        dcp_metadata.loads(_global(PLANNER, name))
+
+
+def test_a_save_plan_cannot_smuggle_a_global() -> None:
+    """A stand-in's state is data: a refused global inside it still stops the load."""
+    payload = (
+        b"\x80\x04"
+        + _global(PLANNER, "SavePlan")[:-1]  # push the stand-in class
+        + b")\x81"  # EMPTY_TUPLE, NEWOBJ
+        + b"}(\x8c\x05items"
+        + _global("os", "system")[:-1]
+        + b"u"  # SETITEMS
+        + b"b."  # BUILD, STOP
+    )
+    with pytest.raises(MetadataError, match=r"refused to load os\.system"):
+        dcp_metadata.loads(payload)
+
+
 class _Evil:
     def __init__(self, target: Path):
         self.target = target

@@ -67,6 +67,20 @@ class _Opaque(_Record):
         self.raw_state = state  # TensorProperties pickles a tuple of its own
 
 
+# Megatron-core's torch_dist writer (dist_checkpointing/strategies/state_dict_saver.py,
+# ``save_state_dict_async_plan``) stores every rank's local save plan in the metadata
+# (``global_metadata.all_local_plans``, to reuse it on the next save): a list of ``SavePlan`` of
+# ``WriteItem`` (``type`` a ``WriteItemType`` enum, ``tensor_data`` a ``TensorWriteData``).
+# Read megatron-core 0.16.1 with torch 2.13. Kept as plain data, never interpreted.
+class SavePlan(_Opaque): ...
+
+
+class WriteItem(_Opaque): ...
+
+
+class TensorWriteData(_Opaque): ...
+
+
 def _path(*parts: object) -> str:
     if not all(isinstance(part, str) for part in parts):
         raise MetadataError("a path in metadata is not made of strings")
@@ -117,6 +131,12 @@ _DTYPES = frozenset(
 _ALLOWED: dict[tuple[str, str], Callable[..., object]] = {
     **{(module, name): cls for module in _METADATA_MODULES for name, cls in _CLASSES.items()},
     ("torch.distributed.checkpoint.filesystem", "_StorageInfo"): StorageInfo,
+    # Exactly the planner classes a real megatron-core save references, nothing more of that
+    # module (no LoadPlan, ReadItem, planners).
+    ("torch.distributed.checkpoint.planner", "SavePlan"): SavePlan,
+    ("torch.distributed.checkpoint.planner", "WriteItem"): WriteItem,
+    ("torch.distributed.checkpoint.planner", "WriteItemType"): _plain,  # an enum: its value
+    ("torch.distributed.checkpoint.planner", "TensorWriteData"): TensorWriteData,
     ("torch.serialization", "_get_layout"): _plain,
     ("torch", "Size"): _size,
     ("pathlib", "PosixPath"): _path,

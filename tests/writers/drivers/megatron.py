@@ -1,4 +1,4 @@
-"""Megatron-LM's save: ``ROOT/iter_%07d/`` through megatron-core's ``torch_dist`` dist-checkpointing,
+"""Megatron-LM's save: ``ROOT/iter_%07d/`` through megatron-core's ``torch_dist`` checkpointing,
 then rank 0 rewrites ``ROOT/latest_checkpointed_iteration.txt`` in place.
 
 megatron-core 0.16.1 is the real library here: a tiny ``GPTModel`` (local layer spec, CPU
@@ -102,9 +102,8 @@ def main() -> None:
     from megatron.core.rerun_state_machine import get_rerun_state_machine
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(20000 + os.getpid() % 20000))
-    dist.init_process_group("gloo", rank=0, world_size=1)
+    # One rank: an in-process store, no TCP port to collide with another test's.
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     parallel_state.initialize_model_parallel(1, 1)
 
     torch.manual_seed(0)
@@ -115,9 +114,7 @@ def main() -> None:
         use_cpu_initialization=True,
         pipeline_dtype=torch.float32,
     )
-    model = GPTModel(
-        config, get_gpt_layer_local_spec(), vocab_size=128, max_sequence_length=32
-    )
+    model = GPTModel(config, get_gpt_layer_local_spec(), vocab_size=128, max_sequence_length=32)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     scheduler = OptimizerParamScheduler(
         optimizer, init_lr=0.0, max_lr=1e-3, min_lr=1e-5, lr_warmup_steps=10,
@@ -186,7 +183,7 @@ def main() -> None:
         rerun_state = get_rerun_state_machine().state_dict(
             data_iterator=None, ckpt_format="torch_dist"
         )
-        checkpoint_name = os.path.join(args.save, "iter_{:07d}".format(iteration))
+        checkpoint_name = os.path.join(args.save, f"iter_{iteration:07d}")
         dp_cp_group = parallel_state.get_data_parallel_group(with_context_parallel=True)
         metadata = {
             "singleton_local_shards": False,
@@ -235,7 +232,7 @@ def main() -> None:
         train(SAVE_INTERVAL)
         iteration = state["iteration"]
         if hang:
-            path = ROOT / "iter_{:07d}".format(iteration)
+            path = ROOT / f"iter_{iteration:07d}"
             hanging.update(step=iteration, path=path)
         path = save_checkpoint(iteration)
         saved.append(path)
