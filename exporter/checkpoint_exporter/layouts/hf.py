@@ -40,8 +40,8 @@ So:
 
 - ``checkpoint-N`` with ``trainer_state.json`` (and no ``checkpoint-is-incomplete.txt``) is
   committed at that file's mtime; without it, in a tree where any ``checkpoint-N`` has one, or
-  holding the Trainer's own files (optimizer, scheduler, rng state), it is writing, and the
-  deadline aborts it when it stops.
+  holding the Trainer's own files (optimizer, scheduler, rng state; FSDP's and DeepSpeed's
+  states), it is writing, and the deadline aborts it when it stops.
 - Any other directory holding a saved model (``config.json`` and weights), ``checkpoint-N``
   without Trainer files included, and the tier root itself (generation ``.``, its own files
   only) has no marker: it ``settles``, judged by safetensors header checks of every weights
@@ -89,9 +89,17 @@ _STAGING = re.compile(r"tmp-checkpoint-(.+)")
 _TEMPORARY = re.compile(r"\.tmp[A-Za-z0-9]{6}")  # safetensors' save_file, before its rename
 _SHARD = re.compile(r"(.+)-(\d{5})-of-(\d{5})\.safetensors")
 _TORCH_SAVE = (".pt", ".pth", ".bin")
-# Written only by Trainer._save_checkpoint, never by save_pretrained or save_model.
-_TRAINER_FILES = frozenset({"optimizer.pt", "scheduler.pt", "scaler.pt"})
-_RNG_STATE = re.compile(r"rng_state(_\d+)?\.pth")
+# Written only by Trainer._save_checkpoint, never by save_pretrained or save_model: optimizer.pt,
+# scheduler.pt, scaler.pt, rng_state[_R].pth; FSDP's pytorch_model_fsdp*, optimizer*.bin or
+# optimizer_N/ (accelerate's save_fsdp_model/optimizer); DeepSpeed's global_stepN/.
+_TRAINER_PREFIXES = (
+    "optimizer",
+    "scheduler.pt",
+    "scaler.pt",
+    "rng_state",
+    "pytorch_model_fsdp",
+    "global_step",
+)
 # Written into a Trainer's output_dir next to a final save_model, but not by it (save_state,
 # save_metrics): not part of the root's saved model.
 _NOT_MODEL = re.compile(r"trainer_state\.json|\w+_results\.json")
@@ -216,9 +224,7 @@ def _is_weights(name: str) -> bool:
 
 
 def _trainer_files(listing: Dir) -> bool:
-    return any(
-        name in _TRAINER_FILES or _RNG_STATE.fullmatch(name) for name in listing.names
-    ) or any(name.startswith("global_step") for name in listing.subdirs)  # DeepSpeed's
+    return any(name.startswith(_TRAINER_PREFIXES) for name in listing.names)
 
 
 def _model_files(root: Dir) -> Dir:
@@ -233,11 +239,11 @@ def _model_files(root: Dir) -> Dir:
     mtimes = array("d", (root.mtimes[i] for i in keep))
     newest = max(mtimes, default=root.mtime)
     return Dir(
-        int(newest * 1e9),
-        tuple(root.names[i] for i in keep),
-        FILE * len(keep),
-        array("q", (root.sizes[i] for i in keep)),
-        mtimes,
+        mtime_ns=int(newest * 1e9),
+        names=tuple(root.names[i] for i in keep),
+        kinds=FILE * len(keep),
+        sizes=array("q", (root.sizes[i] for i in keep)),
+        mtimes=mtimes,
     )
 
 
