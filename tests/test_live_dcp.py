@@ -90,7 +90,9 @@ def test_each_commit_is_visible_within_a_second(cluster) -> None:
             )
             == 4
         )
-        assert sample(text, "checkpoint_job_info", training_job="live", layout="torchtitan") == 1
+        assert (
+            sample(text, "checkpoint_job_info", training_job="live", layout="dcp") == 1
+        )  # step-N, no checkpoint/ parent
         assert (
             sample(text, "checkpoint_exporter_watch_info", training_job="live", mode="inotify") == 1
         )

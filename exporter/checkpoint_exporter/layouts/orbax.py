@@ -18,22 +18,31 @@ running it on JAX 0.10.2 (tests/writers/drivers/orbax.py). One save, on a local 
    delete), or moved into ``<todelete_subdir>/N`` when that option is set.
 
 On ``gs://`` paths, or with ``AtomicityMode.COMMIT_FILE``, ``CommitFileTemporaryPath`` writes the
-step under its final name and ``commit_success.txt``, written last, is the commit. Since 0.12.5
-the rename mode writes that file too, so a tree where any step has it may be a commit-file tree:
-there, a step without it is still being written, unless its ``_CHECKPOINT_METADATA`` recorded
-the commit (a step renamed by an Orbax before 0.12.5, or a commit-file save in the instant
-between its commit timestamp and its marker). Orbax never saves a step at or below its newest
-one (``should_save``), so a tmp directory whose step is not above the newest committed step was
-abandoned. Tmp names had a ``-<timestamp>`` or counter suffix before 2025-07.
+step under its final name (``_CHECKPOINT_METADATA`` right after its ``mkdir``, its commit
+timestamp null) and ``commit_success.txt``, written last, is the commit. Orbax 0.12.8 writes that
+file in rename mode too (a change made after 0.12.4), so a step under its final name is judged:
 
-A step being deleted in place can lose both marker files before its data: in a commit-file
-tree it then reads as being written, for the moment until it is gone.
+- ``commit_success.txt``, or a commit timestamp in ``_CHECKPOINT_METADATA``: committed (the
+  timestamp is written just before the marker and the rename, after every item's data);
+- a ``_CHECKPOINT_METADATA`` whose commit timestamp is null, or that does not parse (it is
+  written in place): a commit-file save being written;
+- in a tree where some step has ``commit_success.txt``, a step with content but no metadata at
+  all is being deleted (``rmtree`` can take both markers before the data): still committed;
+- otherwise (no commit file anywhere, an Orbax that recorded no commit timestamp): the name
+  is the commit, as Orbax's own reader (``temporary_paths.is_path_finalized``) has it on a
+  local path.
+
+An empty step directory is no generation: a deleted step in its last instant, or a commit-file
+step between its ``mkdir`` and its metadata. Orbax never saves a step at or below its newest
+(``should_save``), and it serializes saves (``wait_until_finished``), so a tmp directory or an
+uncommitted step below the newest committed step was abandoned. Older releases suffixed tmp
+names with ``-<timestamp>`` or a counter (checkpoint-layouts.md): the suffix is matched loosely.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from checkpoint_exporter.layouts.base import (
     ABORTED,
@@ -55,24 +64,47 @@ _STEP_DIR = re.compile(r"(?:.*_)?(\d+)")
 _TMP_STEP = re.compile(r".*?_*?(\d+)\.(?:partial_save\.)?orbax-checkpoint-tmp")
 
 
-def _timestamps(listing: Dir) -> tuple[float | None, float | None, bool]:
-    """(init, commit) from _CHECKPOINT_METADATA in seconds, and whether it was unreadable."""
+@dataclass(frozen=True)
+class _Metadata:
+    """What ``_CHECKPOINT_METADATA`` says, in seconds."""
+
+    present: bool = False
+    unreadable: bool = False
+    init: float | None = None
+    commit: float | None = None
+    commit_pending: bool = False  # the writer records commits and has not recorded this one
+
+
+def _metadata(listing: Dir) -> _Metadata:
     content = listing.contents.get(METADATA)
     if content is None:
-        return None, None, False
+        # Too large to read, or absent.
+        return _Metadata(present=listing.has_file(METADATA))
     try:
         data = json_value(content)
     except ValueError:
-        return None, None, True
+        return _Metadata(present=True, unreadable=True)
     if not isinstance(data, dict):
-        return None, None, True
+        return _Metadata(present=True, unreadable=True)
     init = finite_number(data.get("init_timestamp_nsecs"))
     commit = finite_number(data.get("commit_timestamp_nsecs"))
-    return (
-        init / 1e9 if init is not None else None,
-        commit / 1e9 if commit is not None else None,
-        False,
+    return _Metadata(
+        present=True,
+        init=init / 1e9 if init is not None else None,
+        commit=commit / 1e9 if commit is not None else None,
+        commit_pending="commit_timestamp_nsecs" in data and data["commit_timestamp_nsecs"] is None,
     )
+
+
+def _committed(child: Dir, metadata: _Metadata, commit_files: bool) -> bool:
+    """Is a step directory under its final name committed? (The module's docstring.)"""
+    if child.has_file(COMMIT_FILE) or metadata.commit is not None:
+        return True
+    if metadata.commit_pending or metadata.unreadable:
+        return False  # the metadata says so, or is being written in place
+    if commit_files:
+        return not metadata.present  # no metadata but content: being deleted
+    return True
 
 
 def detect(root: Dir) -> int:
@@ -85,29 +117,38 @@ def detect(root: Dir) -> int:
 
 
 def parse(root: Dir, options: Options) -> list[Found]:
-    steps = {n: c for n, c in root.dirs() if TMP_SUFFIX not in n and _STEP_DIR.fullmatch(n)}
+    steps = {
+        name: child
+        for name, child in root.dirs()
+        if TMP_SUFFIX not in name and _STEP_DIR.fullmatch(name) and child.names
+    }
     commit_files = any(child.has_file(COMMIT_FILE) for child in steps.values())
-    found: list[Found] = []
+    committed: list[Found] = []
+    uncommitted: list[tuple[str, Dir, int | None, float | None]] = []
     for name, child in steps.items():
         step = int(_STEP_DIR.fullmatch(name).group(1))  # type: ignore[union-attr]
-        init, commit, unreadable = _timestamps(child)
-        marker = child.file(COMMIT_FILE)
-        if commit_files and marker is None and commit is None:
-            found.append(_with_start(generation(name, child, step, WRITING), init))
+        metadata = _metadata(child)
+        if not _committed(child, metadata, commit_files):
+            uncommitted.append((name, child, step, metadata.init))
             continue
-        committed_at = commit or (marker[1] if marker else child.totals().max_mtime)
+        marker = child.file(COMMIT_FILE)
+        committed_at = metadata.commit or (marker[1] if marker else child.totals().max_mtime)
+        # Committed by its marker: its metadata is never rewritten again, so one that does not
+        # parse is broken.
+        broken = metadata.unreadable
         gen = generation(
             name, child, step, COMMITTED, committed_at,
-            invalid=unreadable, reason="bad_metadata" if unreadable else None,
+            invalid=broken, reason="bad_metadata" if broken else None,
         )  # fmt: skip
-        found.append(_with_start(gen, init))
-    newest = max((f.step for f in found if f.state == COMMITTED and f.step is not None), default=-1)
+        committed.append(_with_start(gen, metadata.init))
     for name, child in root.dirs():
-        if TMP_SUFFIX not in name:
-            continue
-        match = _TMP_STEP.fullmatch(name) or _TMP_STEP.match(name)
-        step = int(match.group(1)) if match else None
-        init, _, _ = _timestamps(child)
+        if TMP_SUFFIX in name:
+            match = _TMP_STEP.fullmatch(name) or _TMP_STEP.match(name)
+            step = int(match.group(1)) if match else None
+            uncommitted.append((name, child, step, _metadata(child).init))
+    newest = max((f.step for f in committed if f.step is not None), default=-1)
+    found = committed
+    for name, child, step, init in uncommitted:
         if step is not None and step <= newest:
             reason = f"left behind: step {newest} committed after it"
             found.append(_with_start(generation(name, child, step, ABORTED, reason=reason), init))

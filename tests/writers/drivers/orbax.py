@@ -50,7 +50,7 @@ hanging: dict[str, object] = {}
 _finalize = atomicity.AtomicRenameTemporaryPath.finalize
 
 
-async def _finalize_or_hang(self):  # noqa: ANN001, ANN202 - the library's own signature
+async def _finalize_or_hang(self):  # the library's own signature
     if hanging:
         hang_here(hanging["step"], str(hanging["path"]), "orbax item written, not finalized")
     return await _finalize(self)

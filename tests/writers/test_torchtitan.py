@@ -1,0 +1,29 @@
+"""torchtitan 0.3.0 (torch 2.13, CPU): its DCP ``CheckpointManager`` with ``keep_latest_k=3``
+saving ``<dump>/checkpoint/step-N`` under a live exporter watching the dump folder.
+
+``checkpoint/step-N`` is torchtitan's own folder: auto-detection must say ``torchtitan``. The
+killed save leaves a half-written shard and no ``.metadata``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.writers.harness import Driver, Scenario, Watched
+
+pytestmark = pytest.mark.writers
+
+
+@pytest.mark.parametrize(
+    ("async_mode", "watch"), [("disabled", "inotify"), ("async", "inotify"), ("disabled", "poll")]
+)
+def test_torchtitan_checkpoint_manager(tmp_path, async_mode: str, watch: str) -> None:
+    dump = tmp_path / "outputs"
+    dump.mkdir()
+    watched = Watched(dump, tmp_path, watch=watch)
+    driver = Driver("torchtitan", "torch", dump, async_mode)
+    try:
+        Scenario(driver, watched, layout="torchtitan").run()
+    finally:
+        driver.close()
+        watched.close()
