@@ -110,12 +110,15 @@ def test_megatron_legacy_and_integrity(tmp_path: Path) -> None:
 
 
 def test_nemo_unfinished_marker(tmp_path: Path) -> None:
+    # ModelCheckpoint touches the marker before the save writes (a marker newer than every file
+    # is a removal: tests/test_layout_megatron.py).
     done = "llama--val_loss=1.20-step=100-consumed_samples=800"
     busy = "llama--val_loss=1.10-step=200-consumed_samples=1600"
+    build(tmp_path, {f"{busy}-unfinished": 0}, BASE)
     for name in (done, busy):
-        build(tmp_path, {f"{name}/weights/__0_0.distcp": 32, f"{name}/weights/.metadata": 4})
-        build(tmp_path, {f"{name}/context/model.yaml": b"x: 1"})
-    build(tmp_path, {f"{busy}-unfinished": 0})
+        weights = {"__0_0.distcp": 32, ".metadata": 4, "metadata.json": b"{}"}
+        build(tmp_path, {f"{name}/weights/{k}": v for k, v in weights.items()}, BASE + 1)
+        build(tmp_path, {f"{name}/context/model.yaml": b"x: 1"}, BASE + 2)
     layout, found = scan(tmp_path)
     assert layout == "nemo"
     assert states(found) == {done: COMMITTED, busy: WRITING}
@@ -152,7 +155,7 @@ def test_hf_trainer(tmp_path: Path) -> None:
     build(tmp_path, {"checkpoint-200/model.safetensors": 16})
     build(tmp_path, {"checkpoint-300/trainer_state.json": b"{}"})
     build(tmp_path, {"checkpoint-300/checkpoint-is-incomplete.txt": b""})
-    build(tmp_path, {"tmp-checkpoint-400/model.safetensors": 16})
+    build(tmp_path, {"tmp-checkpoint-400/model.safetensors": 16})  # 4.36-4.38 staging only
     layout, found = scan(tmp_path)
     assert layout == "hf"
     assert states(found) == {
@@ -163,9 +166,14 @@ def test_hf_trainer(tmp_path: Path) -> None:
     }
     assert found["checkpoint-100"].commit_time == BASE + 4
     assert {c.kind for c in found["checkpoint-100"].checks} == {"zip", "safetensors"}
+    # trainer_state.json is the marker: nothing in a Trainer's tree settles without it.
+    assert not any(gen.settles for gen in found.values())
 
 
 def test_lightning_files_links_and_sharded_directories(tmp_path: Path) -> None:
+    # Lightning 2.6.6 moves a temporary file into place, a copy across filesystems: no marker,
+    # every .ckpt settles. A full last.ckpt is a save of its own (its step only inside); a
+    # symlink is a name, never a generation. tests/test_layout_lightning.py has the real trees.
     build(tmp_path, {"epoch=0-step=100.ckpt": 64}, BASE)
     build(tmp_path, {"epoch=1-step=200.ckpt": 64, "last.ckpt": 64}, BASE + 60)
     build(tmp_path, {"last-link.ckpt": "->epoch=1-step=200.ckpt"})
@@ -175,15 +183,22 @@ def test_lightning_files_links_and_sharded_directories(tmp_path: Path) -> None:
     layout, found = scan(tmp_path)
     assert layout == "lightning"
     assert states(found) == {
-        "epoch=0-step=100.ckpt": COMMITTED,
-        "epoch=1-step=200.ckpt": COMMITTED,
-        "last.ckpt": COMMITTED,
+        "epoch=0-step=100.ckpt": WRITING,
+        "epoch=1-step=200.ckpt": WRITING,
+        "last.ckpt": WRITING,
         "epoch=2-step=300.ckpt": WRITING,  # meta.pt comes after the DCP save
-        "epoch=3-step=400.ckpt": COMMITTED,
+        "epoch=3-step=400.ckpt": WRITING,
     }
-    assert found["last.ckpt"].alias and not found["epoch=1-step=200.ckpt"].alias
-    assert "last-link.ckpt" not in found  # a symlink is an alias, never followed
-    assert found["epoch=0-step=100.ckpt"].commit_time == BASE
+    assert {gen_id for gen_id, gen in found.items() if gen.settles} == {
+        "epoch=0-step=100.ckpt",
+        "epoch=1-step=200.ckpt",
+        "last.ckpt",
+        "epoch=3-step=400.ckpt",  # meta.pt is written in place: judged once still
+    }
+    assert not any(gen.alias for gen in found.values())
+    assert (found["last.ckpt"].step, found["epoch=1-step=200.ckpt"].step) == (None, 200)
+    assert "last-link.ckpt" not in found  # a symlink is another name, never followed
+    assert found["epoch=0-step=100.ckpt"].start_time == BASE
 
 
 def _orbax_metadata(init: float, commit: float | None) -> bytes:
@@ -217,13 +232,18 @@ def test_orbax_rename_mode(tmp_path: Path) -> None:
 def test_orbax_commit_file_mode_and_bad_metadata(tmp_path: Path) -> None:
     build(tmp_path, {"ckpt_300/commit_success.txt": b"ok", "ckpt_300/default/x": 8})
     build(tmp_path, {"ckpt_300/_CHECKPOINT_METADATA": _orbax_metadata(BASE, BASE + 5)})
-    build(tmp_path, {"ckpt_400/default/x": 8})  # object-store style: no marker yet
+    # Commit-file mode writes the metadata right after the mkdir, with a null commit time; saves
+    # are serialized, so the one in progress is the newest step.
+    build(
+        tmp_path,
+        {"ckpt_600/_CHECKPOINT_METADATA": _orbax_metadata(BASE, None), "ckpt_600/default/x": 8},
+    )
     build(
         tmp_path,
         {"ckpt_500/commit_success.txt": b"ok", "ckpt_500/_CHECKPOINT_METADATA": b"{not json"},
     )
     _, found = scan(tmp_path)
-    assert states(found) == {"ckpt_300": COMMITTED, "ckpt_400": WRITING, "ckpt_500": COMMITTED}
+    assert states(found) == {"ckpt_300": COMMITTED, "ckpt_600": WRITING, "ckpt_500": COMMITTED}
     assert found["ckpt_500"].invalid and found["ckpt_500"].reason == "bad_metadata"
 
 

@@ -4,14 +4,29 @@
 tree could make a naive reader run code. This reader's ``find_class`` maps the handful of names
 a real DCP metadata file references to inert stand-ins defined here, and refuses every other
 global, so nothing from the file is ever imported or called. The file is read whole under a size
-cap before parsing, which bounds memory and time (the pickle machine is linear in its input).
+cap before parsing, which bounds time (the pickle machine is linear in its input).
+
+It does not bound memory: one byte of pickle can make one object (``}`` is an empty dict of 64
+bytes, ``\x8f`` an empty set of 216), so a few megabytes of opcodes can ask for gigabytes, and
+no hook of the C unpickler sees objects being made. The daemon therefore parses in
+``IsolatedParser``: a worker process of its own under an address-space limit (RLIMIT_AS), fed
+the file as a descriptor the daemon opened, answering with the few facts validation needs. A
+bomb makes the worker fail with MemoryError (the verdict is ``bad_metadata``) and is restarted;
+the daemon's own memory never sees it.
 """
 
 from __future__ import annotations
 
 import io
+import json
+import os
 import pickle
 import posixpath
+import resource
+import socket
+import subprocess
+import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -19,10 +34,22 @@ from typing import Any
 from checkpoint_exporter import fsread
 
 DEFAULT_SIZE_LIMIT = 256 * 1024 * 1024
+# Address space of the parsing worker: the interpreter (~40 MiB mapped) plus what a real
+# metadata file needs (a few times its size). Real files of tens of MiB fit; a bomb does not.
+DEFAULT_MEMORY_LIMIT = 512 * 1024 * 1024
+DEFAULT_PARSE_TIMEOUT = 120.0
 
 
 class MetadataError(ValueError):
     """The file is not a DCP metadata pickle we can trust."""
+
+
+class MetadataTooLarge(MetadataError):
+    """Parsing it needs more memory than the parser may use (an allocation bomb)."""
+
+
+class ParserUnavailable(RuntimeError):
+    """The worker process cannot be started: the exporter's fault, never the checkpoint's."""
 
 
 class _Record:
@@ -177,8 +204,10 @@ def loads(data: bytes) -> DcpMetadata:
         root = _AllowlistUnpickler(io.BytesIO(data)).load()
     except MetadataError:
         raise
+    except MemoryError:
+        raise MetadataTooLarge("parsing it needs more memory than allowed") from None
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, KeyError, IndexError,
-            AttributeError, OverflowError, MemoryError, RecursionError) as error:  # fmt: skip
+            AttributeError, OverflowError, RecursionError) as error:  # fmt: skip
         raise MetadataError(f"not a readable metadata pickle: {error}") from None
     if not isinstance(root, Metadata):
         raise MetadataError(f"top-level object is {type(root).__name__}, not DCP Metadata")
@@ -224,10 +253,158 @@ def _inside(relative: str) -> str:
     return normalized
 
 
-def read(path: str, size_limit: int = DEFAULT_SIZE_LIMIT) -> DcpMetadata:
-    """Read and parse a ``.metadata`` file (a regular file, never through a symlink)."""
+def read(
+    path: str, size_limit: int = DEFAULT_SIZE_LIMIT, parser: IsolatedParser | None = None
+) -> DcpMetadata:
+    """Read and parse a ``.metadata`` file (a regular file, never through a symlink); in the
+    worker process of ``parser`` when one is given (the daemon), else here (tools, tests)."""
+    if parser is not None:
+        fd = fsread.open_regular(path)
+        try:
+            return parser.parse(fd, size_limit)
+        finally:
+            os.close(fd)
     try:
         data = fsread.read_bytes(path, size_limit)
     except ValueError as error:
         raise MetadataError(str(error)) from None
     return loads(data)
+
+
+def _read_fd(fd: int, size_limit: int) -> bytes:
+    size = os.fstat(fd).st_size
+    if size > size_limit:
+        raise MetadataError(f"{size} bytes, above the {size_limit}-byte limit")
+    chunks, remaining = [], size_limit + 1
+    while remaining > 0 and (chunk := os.read(fd, min(remaining, 1 << 20))):
+        chunks.append(chunk)
+        remaining -= len(chunk)
+    data = b"".join(chunks)
+    if len(data) > size_limit:
+        raise MetadataError(f"grew above the {size_limit}-byte limit while read")
+    return data
+
+
+class IsolatedParser:
+    """Parses metadata in a worker process whose memory is capped by the kernel.
+
+    One worker, started on first use and again after it died or hit its limit; requests are
+    one at a time (the validator's thread). The worker exits when the daemon does: it reads
+    requests from a socket whose other end closes with the daemon."""
+
+    def __init__(
+        self, memory_limit: int = DEFAULT_MEMORY_LIMIT, timeout: float = DEFAULT_PARSE_TIMEOUT
+    ):
+        self.memory_limit = memory_limit
+        self.timeout = timeout
+        self._lock = threading.Lock()
+        self._process: subprocess.Popen[bytes] | None = None
+        self._socket: socket.socket | None = None
+
+    def _start(self) -> socket.socket:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        # The daemon's own import path, handed over: the worker runs this very module.
+        code = (
+            f"import sys; sys.path[:0] = {sys.path!r}; "
+            "from checkpoint_exporter.dcp_metadata import _worker; "
+            f"_worker({theirs.fileno()}, {self.memory_limit})"
+        )
+        try:
+            # /proc/self/exe: the interpreter running now, even where its path is not
+            # reachable to the daemon's user (a virtualenv in an admin's home, as in CI).
+            for executable in (sys.executable, "/proc/self/exe"):
+                try:
+                    self._process = subprocess.Popen(
+                        [executable, "-c", code], pass_fds=(theirs.fileno(),),
+                        stdin=subprocess.DEVNULL, close_fds=True,
+                    )  # fmt: skip
+                    break
+                except PermissionError:
+                    continue
+            else:
+                raise ParserUnavailable("cannot start the metadata parser: permission denied")
+        finally:
+            theirs.close()
+        self._socket = ours
+        return ours
+
+    def close(self) -> None:
+        with self._lock:
+            self._stop()
+
+    def _stop(self) -> None:
+        if self._socket is not None:
+            self._socket.close()
+            self._socket = None
+        if self._process is not None:
+            self._process.kill()
+            self._process.wait()
+            self._process = None
+
+    def parse(self, fd: int, size_limit: int = DEFAULT_SIZE_LIMIT) -> DcpMetadata:
+        with self._lock:
+            connection = self._socket or self._start()
+            try:
+                connection.settimeout(self.timeout)
+                socket.send_fds(connection, [json.dumps({"limit": size_limit}).encode()], [fd])
+                reply = _receive(connection)
+            except (OSError, ValueError) as error:
+                self._stop()  # dead, hung or out of memory: a fresh worker next time
+                if isinstance(error, TimeoutError):
+                    raise MetadataError(f"parsing took longer than {self.timeout:g} s") from None
+                raise MetadataError("the metadata parser stopped (memory limit)") from None
+            if "error" in reply:
+                if reply.get("memory"):
+                    self._stop()  # its heap may stay large: start clean
+                raise MetadataError(str(reply["error"]))
+            return DcpMetadata(reply["version"], reply["save_id"], dict(reply["shards"]))
+
+
+def _receive(connection: socket.socket) -> dict[str, Any]:
+    header = _exactly(connection, 8)
+    return json.loads(_exactly(connection, int.from_bytes(header, "big")))
+
+
+def _exactly(connection: socket.socket, count: int) -> bytes:
+    data = bytearray()
+    while len(data) < count:
+        chunk = connection.recv(min(count - len(data), 1 << 20))
+        if not chunk:
+            raise ConnectionError("metadata parser closed the connection")
+        data += chunk
+    return bytes(data)
+
+
+def _worker(descriptor: int, memory_limit: int) -> None:
+    """The worker's loop: a request (size limit) and a file descriptor in, facts out."""
+    resource.setrlimit(resource.RLIMIT_AS, (memory_limit, memory_limit))
+    connection = socket.socket(fileno=descriptor)
+    while True:
+        try:
+            message, fds, _, _ = socket.recv_fds(connection, 4096, 1)
+        except OSError:
+            return
+        if not message:
+            return  # the daemon is gone
+        reply: dict[str, Any]
+        try:
+            if len(fds) != 1:
+                raise MetadataError("no file descriptor with the request")
+            limit = int(json.loads(message)["limit"])
+            try:
+                parsed = loads(_read_fd(fds[0], limit))
+            finally:
+                os.close(fds[0])
+            reply = {"version": parsed.version, "save_id": parsed.save_id,
+                     "shards": parsed.shards}  # fmt: skip
+        except (MemoryError, MetadataTooLarge):
+            reply = {"error": f"parsing needs more than {memory_limit >> 20} MiB", "memory": True}
+        except MetadataError as error:
+            reply = {"error": str(error)}
+        except Exception as error:  # never let one file end the worker silently
+            reply = {"error": f"unreadable metadata: {type(error).__name__}"}
+        try:
+            payload = json.dumps(reply).encode()
+        except MemoryError:
+            payload = json.dumps({"error": "reply too large", "memory": True}).encode()
+        connection.sendall(len(payload).to_bytes(8, "big") + payload)

@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from checkpoint_exporter import dcp_metadata, fsread
+from checkpoint_exporter import ckpt_step, dcp_metadata, fsread
 from checkpoint_exporter.layouts import dcp as dcp_layout
 from checkpoint_exporter.layouts.base import (
     DCP,
@@ -24,6 +24,7 @@ from checkpoint_exporter.layouts.base import (
     ZIP,
     Check,
 )
+from checkpoint_exporter.layouts.lightning import ZIP_STEP
 from checkpoint_exporter.listing import Dir
 from checkpoint_exporter.untrusted import json_value
 
@@ -55,6 +56,8 @@ VALID = Verdict(True)
 class Limits:
     metadata_bytes: int = dcp_metadata.DEFAULT_SIZE_LIMIT
     checksum_bytes_per_second: float = 200e6  # 0 = unlimited
+    # The daemon parses metadata in a memory-capped worker; None parses here (tools, tests).
+    metadata_parser: dcp_metadata.IsolatedParser | None = None
 
 
 class _Invalid(Exception):
@@ -72,13 +75,26 @@ def validate(root: str, checks: Sequence[Check], limits: Limits | None = None) -
         SAFETENSORS: _safetensors,
         SAFETENSORS_INDEX: _safetensors_index,
         INTEGRITY: _integrity,
+        ZIP_STEP: _zip_step,
     }
+    step = None  # the first step a check read inside the generation
+    unreadable: list[str] = []
     try:
         for check in checks:
-            runners[check.kind](os.path.join(root, check.path), check, limits)
+            try:
+                read = runners[check.kind](os.path.join(root, check.path), check, limits)
+            except PermissionError:
+                # The exporter's own user may not read it (writers such as safetensors create
+                # mode 0600 files): not the checkpoint's fault, so the check is skipped and said.
+                unreadable.append(check.path)
+                continue
+            step = read if step is None and isinstance(read, int) else step
     except _Invalid as invalid:
         return invalid.verdict
-    return VALID
+    if unreadable:
+        detail = "not readable by the exporter, not checked: " + ", ".join(unreadable[:5])
+        return Verdict(True, detail=detail, step=step)
+    return VALID if step is None else Verdict(True, step=step)
 
 
 def _listed_sizes(listing: Dir | None) -> dict[str, int]:
@@ -99,7 +115,9 @@ def _dcp(path: str, check: Check, limits: Limits) -> None:
     names = dcp_layout.metadata_files(check.listing) if check.listing else [dcp_layout.METADATA]
     for name in names or [dcp_layout.METADATA]:
         try:
-            metadata = dcp_metadata.read(os.path.join(path, name), limits.metadata_bytes)
+            metadata = dcp_metadata.read(
+                os.path.join(path, name), limits.metadata_bytes, limits.metadata_parser
+            )
         except FileNotFoundError:
             raise _Invalid(MISSING_SHARD, f"{name} is missing") from None
         except (dcp_metadata.MetadataError, OSError) as error:
@@ -125,6 +143,27 @@ def _zip(path: str, check: Check, limits: Limits) -> None:
         raise _Invalid(BAD_ZIP, f"{check.path}: {error}") from None
     if _end_record(tail, size) is None:
         raise _Invalid(BAD_ZIP, f"{check.path} has no zip end-of-central-directory record")
+
+
+def _zip_step(path: str, check: Check, limits: Limits) -> int | None:
+    """The zip check, then the ``global_step`` inside (``ckpt_step``, never unpickled), both
+    on one descriptor: a file renamed over meanwhile cannot lend its step to the checked one."""
+    try:
+        fd = fsread.open_regular(path)
+    except FileNotFoundError:
+        raise _Invalid(MISSING_SHARD, f"{check.path} is missing") from None
+    except OSError as error:
+        raise _Invalid(BAD_ZIP, f"{check.path}: {error}") from None
+    try:
+        size = os.fstat(fd).st_size
+        start = max(0, size - _ZIP_TAIL)
+        if _end_record(os.pread(fd, size - start, start), size) is None:
+            raise _Invalid(BAD_ZIP, f"{check.path} has no zip end-of-central-directory record")
+        return ckpt_step.step_in(fd, size)
+    except OSError as error:
+        raise _Invalid(BAD_ZIP, f"{check.path}: {error}") from None
+    finally:
+        os.close(fd)
 
 
 def _end_record(tail: bytes, size: int) -> tuple[int, int] | None:

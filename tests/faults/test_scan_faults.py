@@ -101,10 +101,10 @@ def test_a_generation_renamed_while_being_read(tmp_path: Path, monkeypatch) -> N
     dcp_generation(root / "step-1")
     read = dcp_metadata.read
 
-    def rename_then_read(path, limit):  # type: ignore[no-untyped-def]
+    def rename_then_read(path, *args):  # type: ignore[no-untyped-def]
         if (root / "step-1").exists():
             os.rename(root / "step-1", root / "step-1.old")
-        return read(path, limit)
+        return read(path, *args)
 
     monkeypatch.setattr(dcp_metadata, "read", rename_then_read)
     verdict = _validate_once(root, "step-1")
