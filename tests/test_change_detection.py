@@ -225,3 +225,17 @@ def test_a_rewrite_in_place_keeps_the_last_commit_visible_until_judged() -> None
     state = tracker.state()
     assert [g.state for g in state.generations] == [ABORTED]
     assert newest_committed(state) is None
+
+
+def test_retention_removing_the_marker_first_is_neither_a_save_nor_an_abort() -> None:
+    """torchtitan's purge and Orbax's max_to_keep rmtree a step: `.metadata` may go before the
+    shards, and a purge killed half-way leaves the rest. No save in progress, no abort."""
+    tracker = job(deadline=30)
+    full = Found("step-1", 1, COMMITTED, T, T + 1, T + 1, 100, 5, ())
+    tracker.observe(DURABLE, [full], T + 2)
+    half = Found("step-1", 1, WRITING, T, T + 1, None, 60, 3, ())
+    tracker.observe(DURABLE, [half], T + 100)
+    tracker.tick(T + 1000)
+    state = tracker.state()
+    assert [g.state for g in state.generations] == ["deleting"]
+    assert (state.saves_aborted, newest_committed(state)) == (0, None)

@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
-from checkpoint_exporter.clocks import phases_of
+import math
+from collections import Counter
+
+from checkpoint_exporter.clocks import (
+    MAX_ERRORS,
+    MAX_OPEN_RESTORES,
+    MAX_OPEN_SAVES,
+    MAX_RANKS,
+    MAX_SECONDS,
+    Clocks,
+    phases_of,
+)
 from checkpoint_exporter.config import Policy
 from checkpoint_exporter.layouts.base import Found
 from checkpoint_exporter.model import COMMITTED, DURABLE, WRITING, WatchedPath
-from checkpoint_exporter.spool import Event
+from checkpoint_exporter.spool import FUTURE_SLACK, Event
 from checkpoint_exporter.tracker import JobTracker
 
 T = 1_800_000_000.0
@@ -155,3 +166,90 @@ def test_a_two_tier_save_ends_at_its_durable_commit() -> None:
     assert hist(tracker, "total").sum == 9.0  # save start to the durable commit
     assert hist(tracker, "pause").sum == 1.0 and tracker.state().deadline_misses == 1
     assert tracker.state().recent_saves[-1].outcome == "late"
+
+
+# --- hostile events: bounded state, sane numbers ---------------------------------------------
+
+
+def test_durations_are_finite_whatever_the_timestamps() -> None:
+    """-1e308 and 1e308 are finite, their difference is not."""
+    phases = phases_of({"save_start": -1e308, "resume": 1e308, "committed": 1e308})
+    assert phases == {"pause": MAX_SECONDS, "total": MAX_SECONDS}
+    tracker = job()
+    feed(tracker, [ev("save_start", -1e308), ev("committed", T + 5)], T + 5)
+    feed(tracker, [ev("save_start", -1e308, step=11), ev("committed", T + 6, step=11)], T + 6)
+    total = hist(tracker, "total")
+    assert total.count == 2 and math.isfinite(total.sum) and total.sum == 2 * MAX_SECONDS
+
+
+def test_an_event_from_the_future_is_refused_and_counted() -> None:
+    tracker = job()
+    year_9999 = 253402300799.0
+    feed(tracker, [ev("restore_start", T), ev("restore_done", year_9999)], T + 1)
+    feed(tracker, [ev("save_start", T + FUTURE_SLACK + 60, step=5)], T + 1)
+    state = tracker.state()
+    assert state.restore_last_success is None  # would have masked the drill-overdue alert
+    assert tracker.clocks.dropped == {"future": 2}
+    feed(tracker, [ev("restore_done", T + 30)], T + 30)  # the real end still counts
+    assert tracker.state().restore_last_success == T + 30
+
+
+def test_an_event_before_its_own_start_is_refused() -> None:
+    tracker = job()
+    feed(tracker, [ev("save_start", T), ev("committed", T - 3600)], T, settle=False)
+    feed(tracker, [ev("restore_start", T, host="d"), ev("restore_done", T - 50, host="d")], T)
+    assert tracker.clocks.dropped == {"before_start": 2}
+    feed(tracker, [ev("committed", T - 0.5)], T + 1)  # a clock step under START_SLACK: 0 s
+    assert dict(tracker.state().last_phases) == {"total": 0.0}
+    # A start reported after its rank's later points, dated after them, is refused too.
+    clocks = Clocks()
+    clocks.add([ev("committed", T, step=9), ev("save_start", T + 100, step=9)], T + 100)
+    assert clocks.dropped == {"before_start": 1}
+
+
+def test_open_saves_restores_ranks_and_errors_are_capped() -> None:
+    clocks = Clocks()
+    flood = [ev("save_start", T, step=step) for step in range(10_000)]
+    clocks.add(flood, T)
+    assert len(clocks.saves) == MAX_OPEN_SAVES
+    assert min(key[1] for key in clocks.saves) == 10_000 - MAX_OPEN_SAVES  # the oldest went
+    restores = [ev("restore_start", T, step=step, host=f"h{step}") for step in range(1000)]
+    clocks.add(restores, T)
+    assert len(clocks.restores) == MAX_OPEN_RESTORES
+    ranks = [ev("save_start", T, step=1, rank=rank) for rank in range(1000)]
+    failures = [ev("save_failed", T, step=1, rank=0, error=f"e{n}") for n in range(1000)]
+    clocks.add(ranks + failures, T)
+    timeline = clocks.saves[("step", 1)]
+    assert len(timeline.ranks) == MAX_RANKS
+    assert timeline.errors == [f"e{n}" for n in range(1000 - MAX_ERRORS, 1000)]
+    assert clocks.dropped == {
+        "open_saves_cap": 10_000 - MAX_OPEN_SAVES + 1,  # step 1 evicted one more
+        "open_restores_cap": 1000 - MAX_OPEN_RESTORES,
+        "ranks_cap": 1000 - MAX_RANKS,
+    }
+
+
+def test_a_shared_counter_collects_every_jobs_drops() -> None:
+    shared: Counter[str] = Counter({"future": 1})
+    clocks = Clocks(dropped=shared)
+    clocks.add([ev("save_start", T + 1e6)], T)
+    assert shared == {"future": 2}
+
+
+def test_a_finished_save_outlives_a_flood_of_starts_in_the_same_batch() -> None:
+    """The cap gives up saves still waiting for a rank first: a job's (or a bug's) stream of
+    starts that never end does not push out a save that ended, before it is accounted."""
+    tracker = job()
+    flood = [ev("save_start", T + 5, step=step) for step in range(100, 100 + 5 * MAX_OPEN_SAVES)]
+    feed(tracker, save(0, T, T + 1, T + 2, T + 3, T + 4, step=7) + flood, T + 5)
+    assert hist(tracker, "total").count == 1 and dict(tracker.state().last_phases)["total"] == 4
+    assert tracker.clocks.dropped == {"open_saves_cap": 4 * MAX_OPEN_SAVES + 1}
+
+
+def test_a_save_under_way_outlives_a_flood_of_bare_starts() -> None:
+    """The flood lands between a save's write and its commit (same batch, sorted by time)."""
+    tracker = job()
+    flood = [ev("save_start", T + 3, step=step) for step in range(100, 100 + 3 * MAX_OPEN_SAVES)]
+    events = save(0, T, T + 1, T + 2, T + 2.5, T + 4, step=7)
+    feed(tracker, events[:4] + flood + events[4:], T + 5)
+    assert hist(tracker, "total").count == 1 and dict(tracker.state().last_phases)["total"] == 4

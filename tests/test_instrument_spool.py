@@ -10,12 +10,13 @@ import subprocess
 import sys
 import time
 import warnings
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from checkpoint_exporter import instrument
-from checkpoint_exporter.spool import MAX_LINE, SpoolReader
+from checkpoint_exporter.spool import MAX_LINE, ROOT_RELIST_MIN, Event, SpoolReader
 from tests.conftest import REPO
 
 
@@ -108,6 +109,16 @@ def test_rotation_keeps_reading_across_the_rename(
     assert list((tmp_path / "j").glob("*.jsonl.1"))  # it did rotate
 
 
+def drain(reader: SpoolReader, polls: int = 100) -> list[Event]:
+    """Poll until nothing is left unread (each poll reads within its budget)."""
+    events = reader.poll()
+    for _ in range(polls):
+        if not reader.backlog_bytes:
+            return events
+        events += reader.poll()
+    raise AssertionError(f"still {reader.backlog_bytes} bytes behind after {polls} polls")
+
+
 def _record(step: int, event: str = "save_start", job: str = "j") -> dict:
     return {
         "v": 1, "ts": time.time(), "event": event, "training_job": job, "step": step,
@@ -193,7 +204,148 @@ def test_sixty_four_writers_and_ten_thousand_events(tmp_path: Path) -> None:
         events += reader.poll()  # reading while 64 processes append
         time.sleep(0.01)
     assert all(w.returncode == 0 for w in writers)
-    events += reader.poll()
+    events += drain(reader)  # a poll reads at most POLL_LINES: the rest in the next ones
     assert len(events) == 64 * 40 * 5 == 12_800
     assert reader.invalid_total == {}
     assert len(list((spool / "flood").iterdir())) == 64
+
+
+# --- budgets: what one poll reads, what one job can make the reader hold ----------------------
+
+
+def _lines_of(job: str, steps: range, ts: float | None = None) -> bytes:
+    now = time.time() if ts is None else ts
+    return b"".join(
+        json.dumps({**_record(step, job=job), "ts": now}).encode() + b"\n" for step in steps
+    )
+
+
+def test_an_over_long_line_is_counted_once(tmp_path: Path) -> None:
+    """100 MB without a newline used to count as one too_long per 4 MiB read."""
+    (tmp_path / "j").mkdir()
+    spool_file = tmp_path / "j" / "h-1.jsonl"
+    spool_file.write_bytes(b"")
+    reader = SpoolReader(tmp_path, poll_bytes=256 * 1024)
+    reader.poll()
+    with open(spool_file, "ab") as out:
+        for _ in range(20):  # 5 MiB in 256 KiB pieces, polled in between
+            out.write(b"x" * 256 * 1024)
+            out.flush()
+            assert reader.poll() == []
+        out.write(b"x\n" + _lines_of("j", range(1, 2)))
+    assert [e.step for e in drain(reader)] == [1]
+    assert reader.invalid_total == {"too_long": 1}
+
+
+def test_a_poll_reads_within_its_budget_and_a_quiet_job_first(tmp_path: Path) -> None:
+    for job in ("flood", "quiet"):
+        (tmp_path / job).mkdir()
+    reader = SpoolReader(tmp_path, poll_bytes=128 * 1024, poll_lines=100_000)
+    reader.poll()
+    flood = _lines_of("flood", range(20_000))  # ~4 MB
+    (tmp_path / "flood" / "h-1.jsonl").write_bytes(flood)
+    (tmp_path / "quiet" / "h-2.jsonl").write_bytes(_lines_of("quiet", range(7, 8)))
+    first = reader.poll()
+    assert "quiet" in {e.training_job for e in first}  # not behind the flood
+    line = len(flood) / 20_000
+    assert len(first) * line <= 128 * 1024 + 64 * 1024 + line  # the budget, plus one line
+    rest = drain(reader, polls=200)
+    assert sorted(e.step for e in first + rest if e.training_job == "flood") == list(range(20_000))
+
+
+def test_a_poll_parses_at_most_its_lines(tmp_path: Path) -> None:
+    (tmp_path / "j").mkdir()
+    reader = SpoolReader(tmp_path, poll_lines=1000)
+    reader.poll()
+    (tmp_path / "j" / "h-1.jsonl").write_bytes(b"{}\n" * 50_000)  # cheap bytes, costly lines
+    reader.poll()
+    assert reader.invalid_total == {"schema": 1000}
+    drain(reader)
+    assert reader.invalid_total == {"schema": 50_000}
+
+
+def test_the_polls_are_shared_fairly_between_floods(tmp_path: Path) -> None:
+    clock = [0.0]
+    reader = SpoolReader(
+        tmp_path, poll_bytes=256 * 1024, poll_lines=100_000, monotonic=lambda: clock[0]
+    )
+    reader.poll()
+    for job in ("a", "b", "c"):
+        (tmp_path / job).mkdir()
+        (tmp_path / job / "h.jsonl").write_bytes(_lines_of(job, range(10_000)))
+    clock[0] = ROOT_RELIST_MIN  # new directories are seen at the next listing of the root
+    got = Counter(e.training_job for _ in range(6) for e in reader.poll())
+    assert set(got) == {"a", "b", "c"} and max(got.values()) < 1.3 * min(got.values()), got
+
+
+def test_a_file_far_behind_skips_ahead_and_counts_it(tmp_path: Path) -> None:
+    (tmp_path / "j").mkdir()
+    reader = SpoolReader(tmp_path, max_backlog=100_000)
+    reader.poll()
+    data = _lines_of("j", range(10_000))
+    (tmp_path / "j" / "h.jsonl").write_bytes(data)
+    events = drain(reader)
+    assert reader.dropped_bytes_total["backlog"] == len(data) - 100_000
+    line = len(data) / 10_000
+    assert events[-1].step == 9_999 and len(events) >= 100_000 / line - 2
+    assert reader.invalid_total == {}  # resumed at a line start
+
+
+def test_history_is_read_from_its_tail(tmp_path: Path) -> None:
+    (tmp_path / "j").mkdir()
+    data = _lines_of("j", range(5_000))
+    (tmp_path / "j" / "h.jsonl").write_bytes(data)
+    reader = SpoolReader(tmp_path, history_bytes=20_000)
+    events = drain(reader)
+    assert events[-1].step == 4_999 and all(e.history for e in events)
+    assert 20_000 / 250 < len(events) <= 20_000 / 150 and reader.invalid_total == {}
+    assert reader.dropped_bytes_total == {}  # old history is not a loss
+
+
+def test_timestamps_far_ahead_or_behind_are_refused(tmp_path: Path) -> None:
+    (tmp_path / "j").mkdir()
+    now = 1_800_000_000.0
+    stamps = [now, now + 299, now + 301, 253402300799.0, 1e308, -1e308, now - 400 * 86400]
+    lines = b"".join(
+        json.dumps({**_record(step), "ts": ts}).encode() + b"\n" for step, ts in enumerate(stamps)
+    )
+    (tmp_path / "j" / "h.jsonl").write_bytes(lines)
+    events = SpoolReader(tmp_path)
+    assert [e.step for e in events.poll(now)] == [0, 1]
+    assert events.dropped_total == {"future": 3, "past": 2}
+
+
+def test_unknown_jobs_are_listed_rarely_never_read_and_forgotten(tmp_path: Path) -> None:
+    clock = [0.0]
+    known = {"mine"}
+    reader = SpoolReader(
+        tmp_path, retention=3600, known_jobs=lambda: known, monotonic=lambda: clock[0]
+    )
+    for job in ("mine", "other"):
+        (tmp_path / job).mkdir()
+        (tmp_path / job / "h.jsonl").write_bytes(_lines_of(job, range(3)))
+    assert {e.training_job for e in reader.poll()} == {"mine"}
+    assert reader.dropped_bytes_total == {}  # already there: history, not a loss
+    grown = _lines_of("other", range(3, 5))
+    with open(tmp_path / "other" / "h.jsonl", "ab") as out:
+        out.write(grown)
+    old = tmp_path / "other" / "old.jsonl"
+    old.write_bytes(b"x" * 100)
+    os.utime(old, (time.time() - 7200,) * 2)
+    clock[0] = 30.0
+    assert reader.poll() == [] and reader.dropped_bytes_total == {}  # not due yet
+    clock[0] = 61.0
+    assert reader.poll() == []
+    assert reader.dropped_bytes_total == {"unknown_job": len(grown)}
+    assert not old.exists()  # cleaned up like any spool file
+    known.add("other")  # discovered: its spool is history, read from now on
+    events = reader.poll()
+    assert sorted(e.step for e in events if e.training_job == "other") == [0, 1, 2, 3, 4]
+    assert all(e.history for e in events)
+    known.discard("mine")
+    shutil.rmtree(tmp_path / "other")
+    (tmp_path / "third").mkdir()
+    clock[0] = 200.0
+    reader.poll()
+    assert set(reader._dirs) == set() and set(reader._unknown) == {"mine", "third"}
+    assert reader.poll_seconds_total > 0  # the spool's cost, for the exporter's own metrics

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import math
 import re
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from checkpoint_exporter.landing import render, timeline_svg
 from checkpoint_exporter.model import (
     DURABLE,
+    STAGING,
     FilesystemState,
+    Generation,
     JobState,
     RestoreRecord,
     SaveRecord,
@@ -72,3 +79,53 @@ def test_page_escapes_names_and_shows_capacity() -> None:
     assert "llama&lt;70b&gt;" in page and "llama<70b>" not in page
     assert "/ckpt" in page and "10%" in page and "class=bad" in page  # 10% free, under the reserve
     assert "<script" not in page  # no JavaScript
+
+
+EDGES = (math.inf, -math.inf, math.nan, 1e308, -1e308, -1.0, 0.0, 2.0**63, 10**30)
+
+
+def hostile_job(value: float) -> JobState:
+    """Every number the page draws or prints set to ``value``."""
+    saves = (
+        SaveRecord(1, value, value, (("total", value), ("staging", value), ("pause", value)), "ok"),
+        SaveRecord(2, T, value, (("total", value), ("write", value)), "late"),
+        SaveRecord(3, value, T, (), "aborted"),
+    )
+    committed = Generation("step-1", DURABLE, 1, "committed", value, value, value, 10, 1, True)
+    return job(
+        interval_seconds=value, deadline_seconds=value, restore_drill_max_age_seconds=value,
+        generations=(committed,), recent_saves=saves,
+        recent_restores=(RestoreRecord(value, True, value), RestoreRecord(value, False, value)),
+        restore_last_success=value, restore_last_duration=value, drain_backlog_bytes=value,
+        oldest_undrained_commit=value,
+        paths=(WatchedPath(DURABLE, "/d"), WatchedPath(STAGING, "/s")),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("value", EDGES, ids=repr)
+def test_the_page_renders_whatever_the_numbers(value: float) -> None:
+    """inf, NaN, 1e308 (whose differences overflow), negatives: drawn or shown as "?", never
+    an exception (which used to be an empty reply for every job)."""
+    filesystem = FilesystemState("/ckpt", "dev", "xfs", value, value, value)  # type: ignore[arg-type]
+    page = render(Snapshot(T, (hostile_job(value), job()), (filesystem,)), "/metrics")
+    assert page.count('<svg xmlns="http://www.w3.org/2000/svg" class="timeline"') == 2
+    assert "cannot be drawn" not in page  # the per-job fallback was not needed
+    assert page.rstrip().endswith("</html>")
+
+
+@settings(max_examples=150, derandomize=True, deadline=None)
+@given(st.floats(allow_nan=True, allow_infinity=True) | st.integers(-(10**40), 10**40))
+def test_any_number_anywhere_renders(value: float) -> None:
+    page = render(Snapshot(T, (hostile_job(value),)), "/metrics")
+    assert "cannot be drawn" not in page and "</svg>" in page
+
+
+def test_one_undrawable_job_does_not_take_the_page(monkeypatch: pytest.MonkeyPatch) -> None:
+    from checkpoint_exporter import landing
+
+    def broken(job: JobState) -> str:
+        raise OverflowError("cannot convert float infinity to integer")
+
+    monkeypatch.setattr(landing, "timeline_svg", broken)
+    page = render(Snapshot(T, (job(name="a"), job(name="b"))), "/metrics")
+    assert page.count("cannot be drawn") == 2 and page.rstrip().endswith("</html>")

@@ -4,16 +4,31 @@ Each save is a stacked bar of its clocks (staging, write, commit; the training-v
 a dark inner bar) against the job's deadline line; late and aborted saves and failed restores are
 marked. Capacity and drain sit below. No JavaScript, no external assets: the page is one HTML
 document rendered from the snapshot, so it costs a scrape's worth of nothing.
+
+Every number drawn or printed comes from events and files other users wrote: each goes through
+``_finite``, ``_duration`` or ``_bytes``, which turn infinities, NaN, negatives and absurd sizes
+into something printable, and a job whose section still fails to render is shown as such,
+without taking the other jobs' sections (or the page) with it.
 """
 
 from __future__ import annotations
 
 import html
+import logging
+import math
 import time
 
 from checkpoint_exporter import __version__
-from checkpoint_exporter.model import STAGING, JobState, Snapshot, newest_committed
-from checkpoint_exporter.units import format_duration
+from checkpoint_exporter.model import (
+    STAGING,
+    FilesystemState,
+    JobState,
+    Snapshot,
+    newest_committed,
+)
+from checkpoint_exporter.units import MAX_DURATION, format_duration
+
+log = logging.getLogger(__name__)
 
 WIDTH, HEIGHT, LEFT, BOTTOM, TOP = 560, 150, 46, 22, 10
 STACK = (("staging", "#4c78a8"), ("write", "#f58518"), ("commit", "#54a24b"), ("drain", "#9467bd"))
@@ -33,25 +48,59 @@ def _esc(value: object) -> str:
     return html.escape(str(value), quote=True)
 
 
-def _bytes(value: float) -> str:
+def _finite(value: object, default: float = 0.0, low: float = 0.0, high: float = 1e15) -> float:
+    """``value`` as a float within [low, high]; ``default`` for NaN, None and non-numbers."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return default
+    try:
+        number = float(value)
+    except OverflowError:  # an int too large for a float
+        number = math.inf if value > 0 else -math.inf
+    if math.isnan(number):
+        return default
+    return min(max(number, low), high)
+
+
+def _duration(seconds: object) -> str:
+    """A duration as people read it; "?" for what is not one."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+        return "?"
+    value = _finite(seconds, default=-1.0, low=-1.0, high=math.inf)
+    if value < 0:
+        return "?"
+    if value > MAX_DURATION:
+        return f">{format_duration(MAX_DURATION)}"
+    return format_duration(value)
+
+
+def _bytes(value: object) -> str:
+    number = _finite(value, default=math.nan, low=-1e30, high=1e30)
+    if math.isnan(number):
+        return "?"
     for unit in ("B", "kB", "MB", "GB", "TB", "PB"):
-        if abs(value) < 1000 or unit == "PB":
-            return f"{value:.3g} {unit}"
-        value /= 1000
-    return f"{value} B"  # unreachable
+        if abs(number) < 1000 or unit == "PB":
+            return f"{number:.3g} {unit}"
+        number /= 1000
+    return f"{number} B"  # unreachable
 
 
 def _ago(now: float, then: float | None) -> str:
     if not then:
         return "never"
-    return f"{format_duration(max(0, round(now - then)))} ago"
+    value = _finite(then, default=math.nan, low=-math.inf, high=math.inf)
+    if not math.isfinite(value):
+        return "?"
+    if value > now + 1:
+        return f"{_duration(value - now)} from now"
+    return f"{_duration(round(now - value))} ago"
 
 
 def timeline_svg(job: JobState) -> str:
     """The job's recent saves against its deadline, as an SVG element."""
     saves = list(job.recent_saves)
-    deadline = job.deadline_seconds
-    longest = max([deadline * 1.25] + [dict(s.phases).get("total", 0.0) for s in saves])
+    deadline = _finite(job.deadline_seconds, default=1.0, high=MAX_DURATION) or 1.0
+    totals = [_finite(dict(s.phases).get("total", 0.0), high=MAX_DURATION) for s in saves]
+    longest = max([deadline * 1.25, *totals])
     plot_h = HEIGHT - BOTTOM - TOP
 
     def y(seconds: float) -> float:
@@ -63,14 +112,16 @@ def timeline_svg(job: JobState) -> str:
         f'<svg xmlns="http://www.w3.org/2000/svg" class="timeline" data-job="{_esc(job.name)}" '
         f'width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" role="img" '
         f'aria-label="{_esc(job.name)}: last {len(saves)} saves against a '
-        f'{format_duration(deadline)} deadline">',
+        f'{_duration(deadline)} deadline">',
         f'<line x1="{LEFT}" y1="{TOP + plot_h}" x2="{WIDTH}" y2="{TOP + plot_h}" stroke="#999"/>',
-        f'<text x="4" y="{TOP + 8}" font-size="10" fill="#555">{format_duration(round(longest))}</text>',
+        f'<text x="4" y="{TOP + 8}" font-size="10" fill="#555">{_duration(round(longest))}</text>',
         f'<text x="4" y="{TOP + plot_h}" font-size="10" fill="#555">0</text>',
     ]
     for index, save in enumerate(saves):
         x = LEFT + index * slot + (slot - bar) / 2
-        phases = dict(save.phases)
+        phases = {
+            name: _finite(value, high=MAX_DURATION) for name, value in dict(save.phases).items()
+        }
         label = f"step {save.step}" if save.step is not None else "save"
         if save.outcome == "aborted":
             parts.append(
@@ -115,11 +166,13 @@ def timeline_svg(job: JobState) -> str:
             )
         group.append("</g>")
         parts.append("".join(group))
+    first = _finite(saves[0].start, low=-1e15) if saves else 0.0
+    span = max(_finite(saves[-1].end, low=-1e15) - first, 1.0) if saves else 1.0
     for restore in job.recent_restores:
         if not saves:
             break
-        share = (restore.at - saves[0].start) / max(saves[-1].end - saves[0].start, 1.0)
-        cx = LEFT + min(max(share, 0.0), 1.0) * (WIDTH - LEFT - 10)
+        share = _finite((_finite(restore.at, low=-1e15) - first) / span, high=1.0)
+        cx = LEFT + share * (WIDTH - LEFT - 10)
         color = "#2ca02c" if restore.ok else LATE_COLOR
         kind = "restore-ok" if restore.ok else "restore-failed failure"
         what = "restore succeeded" if restore.ok else f"restore failed: {restore.reason}"
@@ -130,7 +183,7 @@ def timeline_svg(job: JobState) -> str:
     parts.append(
         f'<line class="deadline" x1="{LEFT}" y1="{y(deadline):.1f}" x2="{WIDTH}" '
         f'y2="{y(deadline):.1f}" stroke="{LATE_COLOR}" stroke-dasharray="5,3">'
-        f"<title>deadline {format_duration(deadline)}</title></line>"
+        f"<title>deadline {_duration(deadline)}</title></line>"
         "</svg>"
     )
     return "".join(parts)
@@ -140,8 +193,8 @@ def _job_section(job: JobState, now: float) -> str:
     newest = newest_committed(job)
     facts = [
         ("layout", job.layout),
-        ("interval / deadline", f"{format_duration(job.interval_seconds)} / "
-                                f"{format_duration(job.deadline_seconds)}"),
+        ("interval / deadline", f"{_duration(job.interval_seconds)} / "
+                                f"{_duration(job.deadline_seconds)}"),
         ("newest committed", f"{_ago(now, newest.commit_time)}, step {newest.step}"
                              if newest else "none yet"),
         ("valid", {True: "yes", False: "NO", None: "checking"}[newest.valid] if newest else "—"),
@@ -168,6 +221,30 @@ def _job_section(job: JobState, now: float) -> str:
     )
 
 
+def _safe_job_section(job: JobState, now: float) -> str:
+    """The job's section; if its state still cannot be drawn, a line saying so (the other
+    jobs and the page are never lost to one job's numbers)."""
+    try:
+        return _job_section(job, now)
+    except Exception:
+        log.exception("landing page: cannot draw job %r", getattr(job, "name", "?"))
+        return (
+            f'<section class="job-block"><h2>{_esc(job.name)}</h2>'
+            '<p class="bad">This job\'s state cannot be drawn; see the log and /metrics.</p>'
+            "</section>"
+        )
+
+
+def _free(fs: FilesystemState) -> float:
+    size = _finite(fs.size_bytes, high=1e30)
+    return _finite(fs.avail_bytes, high=1e30) / size if size else 0.0
+
+
+def _low(fs: FilesystemState) -> bool:
+    sized = _finite(fs.size_bytes, high=1e30) > 0
+    return sized and _free(fs) < _finite(fs.reserve_ratio, high=1.0)
+
+
 def render(snapshot: Snapshot, telemetry_path: str) -> str:
     now = time.time()
     path = _esc(telemetry_path)
@@ -177,7 +254,7 @@ def render(snapshot: Snapshot, telemetry_path: str) -> str:
                             ("aborted", ABORTED_COLOR))
     )  # fmt: skip
     if snapshot.jobs:
-        jobs = "".join(_job_section(job, now) for job in snapshot.jobs)
+        jobs = "".join(_safe_job_section(job, now) for job in snapshot.jobs)
     else:
         jobs = (
             "<p>No training jobs are configured: add <code>jobs:</code> or "

@@ -407,6 +407,30 @@ SPOOL_INVALID = MetricSpec(
     "Spool lines skipped, by reason: not_json, schema, unknown_event, too_long.",
     ("reason",),
 )
+SPOOL_DROPPED = MetricSpec(
+    "checkpoint_exporter_spool_dropped_total",
+    "counter",
+    "Spool events refused or saves and restores given up, by reason: future, past, "
+    "before_start, open_saves_cap, open_restores_cap, ranks_cap.",
+    ("reason",),
+)
+SPOOL_DROPPED_BYTES = MetricSpec(
+    "checkpoint_exporter_spool_dropped_bytes_total",
+    "counter",
+    "Spool bytes never parsed, by reason: unknown_job (a directory of a job not watched "
+    "here), backlog (skipped ahead of a file too far behind).",
+    ("reason",),
+)
+SPOOL_BACKLOG = MetricSpec(
+    "checkpoint_exporter_spool_backlog_bytes",
+    "gauge",
+    "Bytes of the followed spool files not read yet (a poll reads within a budget).",
+)
+SPOOL_POLL_SECONDS = MetricSpec(
+    "checkpoint_exporter_spool_poll_seconds_total",
+    "counter",
+    "Time spent listing and reading the spool (rate() is the share of a core it costs).",
+)
 DISCOVER_EXCESS = MetricSpec(
     "checkpoint_exporter_discover_excess_jobs",
     "gauge",
@@ -470,6 +494,10 @@ ALL: tuple[MetricSpec, ...] = (
     WATCH_OVERFLOWS,
     SPOOL_EVENTS,
     SPOOL_INVALID,
+    SPOOL_DROPPED,
+    SPOOL_DROPPED_BYTES,
+    SPOOL_BACKLOG,
+    SPOOL_POLL_SECONDS,
     DISCOVER_EXCESS,
 )
 

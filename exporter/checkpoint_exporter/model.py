@@ -13,6 +13,9 @@ STAGING = "staging"  # a fast tier that must drain to the durable one
 WRITING = "writing"
 COMMITTED = "committed"
 ABORTED = "aborted"
+# Its commit marker went and its files are going (retention's rmtree may remove the marker
+# first): neither a save in progress nor a restorable generation, and never an abort.
+DELETING = "deleting"
 
 # Save phases, in the order a save goes through them.
 PHASES = ("pause", "staging", "write", "commit", "total")
@@ -144,6 +147,10 @@ class DaemonState:
     scan_errors: int = 0
     spool_events: tuple[tuple[str, int], ...] = ()  # (event, count)
     spool_invalid: tuple[tuple[str, int], ...] = ()  # (reason, count)
+    spool_dropped: tuple[tuple[str, int], ...] = ()  # (reason, events)
+    spool_dropped_bytes: tuple[tuple[str, int], ...] = ()  # (reason, bytes)
+    spool_backlog_bytes: int = 0
+    spool_poll_seconds: float = 0.0  # time spent reading the spool, all polls together
     discover_excess: tuple[tuple[str, int], ...] = ()  # (root, subdirectories over max_jobs)
 
 

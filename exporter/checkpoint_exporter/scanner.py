@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, replace
 
-from checkpoint_exporter import fsread, layouts
+from checkpoint_exporter import dcp_metadata, fsread, layouts
 from checkpoint_exporter.config import Config, DiscoverConfig, Policy
 from checkpoint_exporter.layouts.base import Options
 from checkpoint_exporter.listing import Dir, OpsBudget, TreeReader
@@ -115,6 +115,8 @@ class Validator:
     def stop(self) -> None:
         self._requests.put(None)
         self._thread.join(timeout=5)
+        if self.limits.metadata_parser is not None:
+            self.limits.metadata_parser.close()
 
     def submit(self, request: ValidationRequest, root: str, follow_root: bool = True) -> None:
         """``follow_root``: whether ``root`` itself may be a symlink (a configured root)."""
@@ -225,13 +227,19 @@ class Scanner:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="scanner", daemon=True)
         self.validator = Validator(
-            Limits(checksum_bytes_per_second=config.scan.checksum_bytes_per_second)
+            Limits(
+                checksum_bytes_per_second=config.scan.checksum_bytes_per_second,
+                metadata_parser=dcp_metadata.IsolatedParser(),
+            )
         )
         self.watcher = None
         if watcher_factory is not None:
             self.watcher = watcher_factory(self._changed, self._overflowed, self._lost)
         self._lost_watches: dict[str, str] = {}  # job -> why its inotify watch was given up
-        self.spool = SpoolReader(config.spool, config.spool_retention)
+        # Only the directories of the jobs watched here are read; the others are counted.
+        self.spool = SpoolReader(
+            config.spool, config.spool_retention, known_jobs=lambda: self.tracker.jobs
+        )
         self._sources: dict[str, _Source] = {}
         self._discoveries = [_Discovery(entry) for entry in config.discover]
         for job in config.jobs:
@@ -362,6 +370,8 @@ class Scanner:
         self._sources[name] = source
         if name not in self.tracker.jobs:
             self.tracker.add(JobTracker(name, paths, policy))
+        # One counter for what the reader refused and what the job's clocks gave up.
+        self.tracker.jobs[name].clocks.dropped = self.spool.dropped_total
         self._publish_paths(name, tiers)
 
     def _publish_paths(self, name: str, tiers: list[_Tier]) -> None:
@@ -569,6 +579,10 @@ class Scanner:
             scan_errors=self._scan_errors,
             spool_events=tuple(sorted(self.spool.events_total.items())),
             spool_invalid=tuple(sorted(self.spool.invalid_total.items())),
+            spool_dropped=tuple(sorted(self.spool.dropped_total.items())),
+            spool_dropped_bytes=tuple(sorted(self.spool.dropped_bytes_total.items())),
+            spool_backlog_bytes=self.spool.backlog_bytes,
+            spool_poll_seconds=self.spool.poll_seconds_total,
             discover_excess=tuple((str(d.entry.root), d.excess) for d in self._discoveries),
         )
 

@@ -25,6 +25,7 @@ from checkpoint_exporter.layouts.base import Found
 from checkpoint_exporter.model import (
     ABORTED,
     COMMITTED,
+    DELETING,
     DURABLE,
     PHASES,
     STAGING,
@@ -267,6 +268,7 @@ class JobTracker:
 
     def _update(self, gen: _Gen, item: Found, now: float) -> None:
         moved = (item.bytes, item.files, item.last_write_time) != gen.signature
+        shrinking = item.files < gen.found.files or item.bytes < gen.found.bytes
         before = gen.public() if gen.state == COMMITTED else None
         if moved:
             gen.progress_at = now
@@ -274,7 +276,11 @@ class JobTracker:
                 self._skew_samples.append(item.last_write_time - now)
         gen.start_time = min(gen.start_time, item.start_time)
         gen.found = item
-        if item.state == COMMITTED and gen.state != COMMITTED:
+        if item.state == WRITING and gen.state in (COMMITTED, DELETING) and shrinking:
+            gen.state, gen.last_commit = DELETING, None  # retention at work, marker first
+        elif item.state == COMMITTED and gen.state == DELETING:
+            gen.state = COMMITTED  # the marker is back (a rename, a restore): nothing new
+        elif item.state == COMMITTED and gen.state != COMMITTED:
             self._commit(gen)
             self.just_committed.append(item.id)
             if not item.checks and not item.invalid:
@@ -284,6 +290,7 @@ class JobTracker:
         elif item.state == WRITING and (
             (gen.state == COMMITTED and (moved or not item.settles))
             or (gen.state == ABORTED and item.settles and moved)
+            or (gen.state == DELETING and moved)  # it grows again: written anew in place
         ):
             # The commit marker went away, or a generation without one changed after its
             # verdict: it is being written again (rewritten in place, copied over), a new save.

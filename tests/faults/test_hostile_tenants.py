@@ -71,10 +71,10 @@ def test_a_discovered_job_swapped_for_a_symlink_exports_nothing_of_the_target(
         lambda: "is a symlink: not followed" in "".join(served.drain_log()), timeout=15
     )  # the discover root is polled; the job's reader refuses the swapped root
     text = served.metrics()
+    # Still its own last known state (step 1, 3 files), nothing of the victim's (step 77, 10).
     assert sample(text, "checkpoint_last_committed_step", training_job="attacker") == 1
-    assert "77" not in "".join(
-        line for line in text.splitlines() if 'training_job="attacker"' in line
-    )
+    assert sample(text, "checkpoint_last_committed_files", training_job="attacker") == 3
+    assert sample(text, "checkpoint_retained_generations", training_job="attacker") == 1
 
 
 def test_permissions_flipped_to_000_and_back_lose_nothing_and_count_nothing(exporter) -> None:
@@ -146,3 +146,41 @@ def test_the_validator_does_not_follow_a_generation_swapped_for_a_symlink(tmp_pa
         assert validator.verdicts.get(timeout=10) == (request, None)
     finally:
         validator.stop()
+
+
+def _peak_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmHWM")
+
+
+def test_an_allocation_bomb_in_metadata_never_reaches_the_daemons_memory(
+    tmp_path: Path, exporter
+) -> None:
+    """16 MiB of `}` (an empty dict each: ~1 GiB to parse) as a generation's .metadata, beside
+    a healthy job: the bomb is bad_metadata, the daemon's peak RSS stays small, the other job's
+    commits still show, and the parser recovers for the next file."""
+    bomb_job, good_job = tmp_path / "bomb", tmp_path / "good"
+    dcp_generation(bomb_job / "step-1")
+    (bomb_job / "step-1" / ".metadata").write_bytes(b"\x80\x04" + b"}" * (16 << 20))
+    dcp_generation(good_job / "step-1")
+    config = write_config(
+        tmp_path,
+        f"jobs: [{{name: bomb, path: {bomb_job}, layout: dcp}},"
+        f" {{name: good, path: {good_job}, layout: dcp}}]\n",
+    )
+    served = exporter("--config.file", str(config))
+    wait_for(
+        lambda: served.value("checkpoint_last_committed_valid", training_job="bomb") == 0,
+        timeout=60,
+    )
+    dcp_generation(good_job / "step-2")
+    wait_for(lambda: served.value("checkpoint_last_committed_step", training_job="good") == 2)
+    wait_for(lambda: served.value("checkpoint_last_committed_valid", training_job="good") == 1)
+    dcp_generation(bomb_job / "step-2")  # the parser, restarted, judges the next file
+    wait_for(lambda: served.value("checkpoint_last_committed_valid", training_job="bomb") == 1)
+    assert "parsing needs more than" in "".join(served.drain_log())
+    peak = _peak_rss_mb(served.process.pid)
+    print(f"exporter peak RSS with the bomb: {peak:.0f} MB")
+    assert peak < 200

@@ -110,7 +110,9 @@ jobs:
     os.chmod(config, 0o644)
     trace = base / "syscalls.log"
     strace = [
-        require_tool("strace"), "-f", "-qq", "-o", str(trace),
+        # -y: descriptors printed with their paths, since the exporter opens everything
+        # relative to a directory descriptor (openat(7</tree/step-1>, ".metadata", ...)).
+        require_tool("strace"), "-f", "-qq", "-y", "-o", str(trace),
         "-e", "trace=open,openat,openat2," + ",".join(_MUTATING), *as_nobody(),
     ]  # fmt: skip
     served = exporter("--config.file", str(config), prefix=strace)

@@ -146,9 +146,15 @@ _anything = st.recursive(
     ),
     max_leaves=8,
 )
+# Timestamps at the edges: finite floats whose differences are not, year 9999, just inside
+# and just outside the reader's window around its clock (1.8e9 in the spool target).
+_EDGE_TIMES = [
+    1e308, -1e308, 5e-324, 253402300799.0, 1.8e9, 1.8e9 + 299, 1.8e9 + 301, 1.8e9 - 1,
+    1.8e9 - 366 * 86400 - 1, 2.0**63, -(2.0**63),
+]  # fmt: skip
 _number = st.one_of(
     st.integers(-(10**30), 10**30), st.floats(), st.just(10**400), st.just(-(10**400)),
-    st.sampled_from([0, 1, -1, True, None, "1", 1.7e9]),
+    st.sampled_from([0, 1, -1, True, None, "1", 1.7e9]), st.sampled_from(_EDGE_TIMES),
 )  # fmt: skip
 _record = st.fixed_dictionaries(
     {},
@@ -169,13 +175,43 @@ def _line(record: dict) -> bytes:
     return json.dumps(record).encode()  # NaN and Infinity too, as Python's json writes them
 
 
+def _flood(kind: str, count: int, ts: float) -> bytes:
+    """Many valid events of one job: distinct steps, distinct ranks, or one step's errors."""
+    lines = []
+    for n in range(count):
+        record = {
+            "v": 1, "ts": ts, "event": "save_start", "training_job": "job", "step": n, "rank": 0,
+            "world_size": 1, "host": "h", "path": None, "bytes": None, "error": None,
+        }  # fmt: skip
+        if kind == "ranks":
+            record.update(step=1, rank=n)
+        elif kind == "errors":
+            record.update(step=1, event="save_failed", error="e" * 100)
+        elif kind == "restores":
+            record.update(event="restore_start", host=f"h{n}")
+        lines.append(json.dumps(record).encode())
+    return b"\n".join(lines) + b"\n"
+
+
 def spool_files() -> st.SearchStrategy[bytes]:
     line = st.one_of(
         _record.map(_line), st.binary(max_size=100), st.sampled_from([b"[" * 70000, b"{" * 5000])
     )
     lines = st.lists(line, max_size=20).map(lambda ls: b"\n".join(ls))
     torn = st.tuples(lines, st.booleans()).map(lambda x: x[0] + (b"\n" if x[1] else b""))
-    return st.one_of(torn, mutations("spool"))
+    floods = st.builds(
+        _flood,
+        st.sampled_from(["steps", "ranks", "errors", "restores"]),
+        st.integers(0, 600),
+        st.sampled_from([1.8e9, *_EDGE_TIMES]),
+    )
+    # Over-long lines with and without their newline, blank ones, and many cheap lines.
+    long_lines = st.tuples(
+        st.sampled_from([b"x", b" ", b"\xff"]), st.integers(65_000, 140_000), st.booleans()
+    ).map(lambda x: x[0] * x[1] + (b"\n" if x[2] else b""))
+    cheap = st.integers(0, 5_000).map(lambda n: b"{}\n" * n)
+    pieces = st.lists(st.one_of(torn, floods, long_lines, cheap), min_size=1, max_size=3)
+    return st.one_of(torn, mutations("spool"), pieces.map(b"".join))
 
 
 # --- config files ---------------------------------------------------------------------------

@@ -18,11 +18,18 @@ from pathlib import Path
 from typing import Any
 
 from checkpoint_exporter import dcp_metadata, layouts
+from checkpoint_exporter.clocks import (
+    MAX_OPEN_RESTORES,
+    MAX_OPEN_SAVES,
+    MAX_RANKS,
+    MAX_SECONDS,
+    Clocks,
+)
 from checkpoint_exporter.config import ConfigError, parse_config
 from checkpoint_exporter.instrument import EVENTS
 from checkpoint_exporter.layouts.base import Options
 from checkpoint_exporter.listing import DIR, FILE, LINK, OTHER, Dir
-from checkpoint_exporter.spool import SpoolReader
+from checkpoint_exporter.spool import FUTURE_SLACK, MAX_EVENT_AGE, MAX_LINE, SpoolReader
 from checkpoint_exporter.webconfig import load_web_config
 
 STATES = ("writing", "committed", "aborted")
@@ -86,15 +93,40 @@ def layouts_target(spec_json: bytes) -> None:
                 assert _inside(check.path), (layout.name, check.path)
 
 
+SPOOL_NOW = 1_800_000_000.0  # the reader's clock in the spool target
+
+
 def spool_target(data: bytes) -> None:
+    """The reader on a small budget, polled until nothing is left, then the clocks: whatever
+    the bytes, every event is in range, every over-long line is counted exactly once, and the
+    clocks hold bounded, finite, non-negative numbers."""
     with tempfile.TemporaryDirectory(prefix="fuzz-spool-") as directory:
         job = Path(directory) / "job"
         job.mkdir()
+        reader = SpoolReader(Path(directory), poll_bytes=32 * 1024, poll_lines=512)
+        reader.poll(SPOOL_NOW)  # the file comes after: live, read from its first byte
         (job / "node-1.jsonl").write_bytes(data)
-        reader = SpoolReader(Path(directory))
-        for event in reader.poll(0.0):
+        events = []
+        for _ in range(10 + len(data) // 8192 + data.count(b"\n") // 256):
+            events += reader.poll(SPOOL_NOW)
+            if not reader.backlog_bytes:
+                break
+        assert not reader.backlog_bytes, "the reader stopped making progress"
+        for event in events:
             assert event.training_job == "job" and event.event in EVENTS, event
             assert math.isfinite(event.ts) and event.rank >= 0 and event.world_size >= 1, event
+            assert SPOOL_NOW - MAX_EVENT_AGE <= event.ts <= SPOOL_NOW + FUTURE_SLACK, event
+        too_long = sum(len(line) > MAX_LINE for line in data.split(b"\n"))
+        assert reader.invalid_total["too_long"] == too_long, (reader.invalid_total, too_long)
+        clocks = Clocks()
+        clocks.add(events, SPOOL_NOW)
+        assert len(clocks.saves) <= MAX_OPEN_SAVES and len(clocks.restores) <= MAX_OPEN_RESTORES
+        for timeline in clocks.saves.values():
+            assert len(timeline.ranks) <= MAX_RANKS
+            for seconds in timeline.phases().values():
+                assert 0.0 <= seconds <= MAX_SECONDS, timeline
+        for run in clocks.restores.values():
+            assert 0.0 <= run.duration() <= MAX_SECONDS, run
 
 
 def config_target(data: bytes) -> None:

@@ -30,7 +30,15 @@ class DaemonCollector(metrics.SnapshotCollector):
         invalid = metrics.SPOOL_INVALID.family()
         for reason, count in daemon.spool_invalid:
             invalid.add_metric([reason], count)
-        out += [events, invalid]
+        dropped = metrics.SPOOL_DROPPED.family()
+        for reason, count in daemon.spool_dropped:
+            dropped.add_metric([reason], count)
+        dropped_bytes = metrics.SPOOL_DROPPED_BYTES.family()
+        for reason, count in daemon.spool_dropped_bytes:
+            dropped_bytes.add_metric([reason], count)
+        out += [events, invalid, dropped, dropped_bytes]
+        out.append(metrics.SPOOL_BACKLOG.single(daemon.spool_backlog_bytes))
+        out.append(metrics.SPOOL_POLL_SECONDS.single(daemon.spool_poll_seconds))
         excess = metrics.DISCOVER_EXCESS.family()
         for root, count in daemon.discover_excess:
             excess.add_metric([root], count)
