@@ -41,7 +41,7 @@ class Found:
     bytes: int
     files: int
     checks: tuple[Check, ...] = ()
-    alias: bool = False  # another name for a listed generation (Lightning's last.ckpt copy)
+    alias: bool = False  # another name for a listed generation: not counted or restored twice
     reason: str | None = None  # why aborted, or why structurally invalid (e.g. bad_metadata)
     invalid: bool = False  # the layout itself found it structurally broken
     # No commit marker in the writer's protocol (a single-file checkpoint, DeepSpeed without
