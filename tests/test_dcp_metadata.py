@@ -46,13 +46,13 @@ def test_reads_real_torch_metadata_without_torch(real_checkpoint: Path) -> None:
 
 
 def write_megatron(root: Path, saves: int = 1) -> Path:
-    """Megatron-LM's save (tests/writers/drivers/megatron.py: real megatron-core 0.16.1, a tiny
-    GPTModel, torch_dist) into ``root``; returns the newest ``iter_*`` directory."""
+    """Megatron-LM's save (tests/writers/drivers/megatron_writer.py: real megatron-core 0.16.1,
+    a tiny GPTModel, torch_dist) into ``root``; returns the newest ``iter_*`` directory."""
     from tests.writers.harness import DRIVERS, writer_python
 
     root.mkdir(parents=True, exist_ok=True)
     subprocess.run(
-        [writer_python("torch"), str(DRIVERS / "megatron.py"), str(root)],
+        [writer_python("torch"), str(DRIVERS / "megatron_writer.py"), str(root)],
         input="save\n" * saves + "quit\n",
         capture_output=True,
         text=True,

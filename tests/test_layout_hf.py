@@ -1,6 +1,6 @@
 """The Hugging Face layout, on trees transformers 5.24 (safetensors 0.8) really wrote.
 
-Every listing below was captured from a real save by tests/writers/drivers/hf.py (or, for the
+Every listing below was captured from a real save by tests/writers/drivers/hf_writer.py (or, for the
 shard-count changes, by ``save_pretrained`` itself): names, sizes, and mtimes relative to the
 first file, in the order the writes happened (``strace`` of the same saves confirmed it). The
 files are rebuilt here with zeros of the same sizes: the layout reads names, sizes and times.

@@ -1,7 +1,7 @@
 """Lightning ``ModelCheckpoint`` (2.6.6): the layout, the step read inside a ``.ckpt``, fuzzing.
 
 The trees are listings the real library left (names, kinds and sizes captured from Lightning
-2.6.6 through tests/writers/drivers/lightning.py: ``save`` three times, and ``hang`` with the
+2.6.6 through tests/writers/drivers/lightning_writer.py: ``save`` three times, and ``hang`` with the
 temporary directory on a tmpfs). Where a check reads a file, its bytes are a real Lightning
 checkpoint (``_REAL_LAST_CKPT``), never a hand-made imitation.
 """

@@ -1,6 +1,6 @@
 """The Megatron-LM and NeMo 2 layouts, on trees the real megatron-core 0.16.1 wrote.
 
-A module fixture runs Megatron-LM's save sequence (tests/writers/drivers/megatron.py: a tiny
+A module fixture runs Megatron-LM's save sequence (tests/writers/drivers/megatron_writer.py: a tiny
 GPTModel, ``dist_checkpointing.save`` torch_dist, the tracker rewritten in place) four times,
 keeping three iterations, then kills a fifth save half-way through its shards. Each test works on
 a copy. NeMo is not installed in the writers' virtualenv: its trees are built following

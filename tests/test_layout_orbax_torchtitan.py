@@ -5,8 +5,8 @@ Every block below is a listing captured from the real library: orbax-checkpoint 
 ``AtomicRenameTemporaryPath.finalize`` / ``CommitFileTemporaryPath.finalize``, before the
 step's ``commit_success.txt``, before its rename and after each ``os.unlink`` of the retention
 ``rmtree``), and torchtitan 0.3.0 on torch 2.13 (its ``CheckpointManager`` as
-tests/writers/drivers/torchtitan.py drives it, and a last-step Hugging Face export hooked before
-consolidation and before the index). One line per file: mtime offset in seconds, size (or
+tests/writers/drivers/torchtitan_writer.py drives it, and a last-step Hugging Face export hooked
+before consolidation and before the index). One line per file: mtime offset in seconds, size (or
 ``meta <init offset> <commit offset|null>`` for ``_CHECKPOINT_METADATA``, ``commit <size>`` for
 ``commit_success.txt``, ``json <content>``, ``dir`` for an empty directory), path. Directory
 mtimes were not captured: each is set to its newest entry. ``{T}`` is ``.orbax-checkpoint-tmp``.
@@ -159,7 +159,7 @@ COMMIT_FILE_5_DELETING = """
 0.005 166 5/default/ocdbt.process_0/manifest.ocdbt
 """
 # torchtitan: four saves with keep_latest_k=3 (step-5 purged), then a save killed in its shard
-# write (tests/writers/drivers/torchtitan.py, async_mode "disabled").
+# write (tests/writers/drivers/torchtitan_writer.py, async_mode "disabled").
 TORCHTITAN_KILLED = """
 0.009 14555 checkpoint/step-10/.metadata
 0.000 3244487 checkpoint/step-10/__0_0.distcp

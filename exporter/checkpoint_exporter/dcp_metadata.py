@@ -271,20 +271,6 @@ def read(
     return loads(data)
 
 
-def _read_fd(fd: int, size_limit: int) -> bytes:
-    size = os.fstat(fd).st_size
-    if size > size_limit:
-        raise MetadataError(f"{size} bytes, above the {size_limit}-byte limit")
-    chunks, remaining = [], size_limit + 1
-    while remaining > 0 and (chunk := os.read(fd, min(remaining, 1 << 20))):
-        chunks.append(chunk)
-        remaining -= len(chunk)
-    data = b"".join(chunks)
-    if len(data) > size_limit:
-        raise MetadataError(f"grew above the {size_limit}-byte limit while read")
-    return data
-
-
 class IsolatedParser:
     """Parses metadata in a worker process whose memory is capped by the kernel.
 
@@ -392,7 +378,11 @@ def _worker(descriptor: int, memory_limit: int) -> None:
                 raise MetadataError("no file descriptor with the request")
             limit = int(json.loads(message)["limit"])
             try:
-                parsed = loads(_read_fd(fds[0], limit))
+                try:
+                    data = fsread.read_open(fds[0], limit, "metadata")
+                except ValueError as error:
+                    raise MetadataError(str(error)) from None
+                parsed = loads(data)
             finally:
                 os.close(fds[0])
             reply = {"version": parsed.version, "save_id": parsed.save_id,

@@ -53,22 +53,28 @@ def read_bytes(path: str | os.PathLike[str], limit: int, dir_fd: int | None = No
     """The whole file, refusing one larger than ``limit`` bytes."""
     fd = open_regular(path, dir_fd)
     try:
-        size = os.fstat(fd).st_size
-        if size > limit:
-            raise ValueError(f"{os.fspath(path)} is {size} bytes, above the {limit}-byte limit")
-        chunks, remaining = [], limit + 1
-        while remaining > 0:
-            chunk = os.read(fd, min(remaining, 1 << 20))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            remaining -= len(chunk)
-        data = b"".join(chunks)
-        if len(data) > limit:
-            raise ValueError(f"{os.fspath(path)} grew above the {limit}-byte limit while read")
-        return data
+        return read_open(fd, limit, os.fspath(path))
     finally:
         os.close(fd)
+
+
+def read_open(fd: int, limit: int, name: str) -> bytes:
+    """The whole of an open file, refusing one larger than ``limit`` bytes (also one that grows
+    past it while read)."""
+    size = os.fstat(fd).st_size
+    if size > limit:
+        raise ValueError(f"{name} is {size} bytes, above the {limit}-byte limit")
+    chunks, remaining = [], limit + 1
+    while remaining > 0:
+        chunk = os.read(fd, min(remaining, 1 << 20))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        remaining -= len(chunk)
+    data = b"".join(chunks)
+    if len(data) > limit:
+        raise ValueError(f"{name} grew above the {limit}-byte limit while read")
+    return data
 
 
 def read_tail(path: str | os.PathLike[str], count: int) -> tuple[bytes, int]:

@@ -1,7 +1,7 @@
 """The writers tier: a real checkpoint library saving under a running exporter.
 
-A driver (tests/writers/drivers/NAME.py) runs in the writers' virtualenv (.venv-writers/, built by
-scripts/ensure-writers) and takes one command per line on stdin:
+A driver (tests/writers/drivers/NAME_writer.py) runs in the writers' virtualenv (.venv-writers/,
+built by scripts/ensure-writers) and takes one command per line on stdin:
 
 - ``save``: one training step or a few, then one real save through the library; prints
   ``{"event": "saved", "step": N, "path": "<generation on disk>"}`` once the library returned
@@ -13,6 +13,9 @@ scripts/ensure-writers) and takes one command per line on stdin:
 
 Every other line it prints is ignored. The test owns the truth: what the library reported and what
 is on disk (``disk_bytes``), never what the exporter's layouts think.
+
+Drivers are named ``<writer>_writer.py``: a script named like its library would shadow it (the
+script's folder comes first on ``sys.path``).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import stat
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,7 +56,7 @@ class Driver:
         self.name = name
         self.stderr: list[str] = []
         self.process = subprocess.Popen(
-            [writer_python(venv), str(DRIVERS / f"{name}.py"), str(root), *args],
+            [writer_python(venv), str(DRIVERS / f"{name}_writer.py"), str(root), *args],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -335,3 +339,22 @@ class Scenario:
             reported.append(hung)
         print(f"{self.driver.name}: save-to-metrics waits {[round(x, 2) for x in self.latencies]}")
         return reported
+
+
+@contextlib.contextmanager
+def watching(
+    tmp_path: Path, writer: str, venv: str, *driver_args: str, job: str = "job", **watched: str
+) -> Iterator[tuple[Path, Driver, Watched]]:
+    """A fresh job directory, a real exporter watching it (``watched``: Watched's options) and
+    the writer's driver saving into it; both stopped on the way out."""
+    root = tmp_path / job
+    root.mkdir()
+    exporter = Watched(root, tmp_path, **watched)
+    try:
+        driver = Driver(writer, venv, root, *driver_args)
+        try:
+            yield root, driver, exporter
+        finally:
+            driver.close()
+    finally:
+        exporter.close()

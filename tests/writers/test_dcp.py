@@ -7,19 +7,12 @@ from __future__ import annotations
 
 import pytest
 
-from tests.writers.harness import Driver, Scenario, Watched
+from tests.writers.harness import Scenario, watching
 
 pytestmark = pytest.mark.writers
 
 
 @pytest.mark.parametrize("watch", ["inotify", "poll"])
 def test_dcp_step_directories(tmp_path, watch: str) -> None:
-    root = tmp_path / "job"
-    root.mkdir()
-    watched = Watched(root, tmp_path, watch=watch)
-    driver = Driver("dcp", "torch", root)
-    try:
+    with watching(tmp_path, "dcp", "torch", watch=watch) as (_root, driver, watched):
         Scenario(driver, watched, layout="dcp").run()
-    finally:
-        driver.close()
-        watched.close()

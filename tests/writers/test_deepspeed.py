@@ -9,33 +9,19 @@ from __future__ import annotations
 
 import pytest
 
-from tests.writers.harness import Driver, Scenario, Watched
+from tests.writers.harness import Scenario, watching
 
 pytestmark = pytest.mark.writers
 
 
 @pytest.mark.parametrize("watch", ["inotify", "poll"])
 def test_deepspeed_latest(tmp_path, watch: str) -> None:
-    root = tmp_path / "job"
-    root.mkdir()
-    watched = Watched(root, tmp_path, watch=watch)
-    driver = Driver("deepspeed", "torch", root)
-    try:
+    with watching(tmp_path, "deepspeed", "torch", watch=watch) as (root, driver, watched):
         Scenario(driver, watched, layout="deepspeed").run()
         assert (root / "latest").read_text() == "global_step12"  # the kill left it unmoved
-    finally:
-        driver.close()
-        watched.close()
 
 
 def test_deepspeed_without_latest_settles(tmp_path) -> None:
-    root = tmp_path / "job"
-    root.mkdir()
-    watched = Watched(root, tmp_path)
-    driver = Driver("deepspeed", "torch", root, "--no-latest")
-    try:
+    with watching(tmp_path, "deepspeed", "torch", "--no-latest") as (root, driver, watched):
         Scenario(driver, watched, layout="deepspeed").run()
         assert not (root / "latest").exists()
-    finally:
-        driver.close()
-        watched.close()

@@ -15,21 +15,14 @@ from collections import Counter
 
 import pytest
 
-from tests.writers.harness import Driver, Expected, Scenario, Watched
+from tests.writers.harness import Driver, Expected, Scenario, Watched, watching
 
 pytestmark = pytest.mark.writers
 
 
 def _run(tmp_path, mode: str, watch: str = "inotify") -> None:
-    root = tmp_path / "job"
-    root.mkdir()
-    watched = Watched(root, tmp_path, watch=watch)
-    driver = Driver("hf", "torch", root, "--mode", mode)
-    try:
+    with watching(tmp_path, "hf", "torch", "--mode", mode, watch=watch) as (_root, driver, watched):
         Scenario(driver, watched, layout="hf").run()
-    finally:
-        driver.close()
-        watched.close()
 
 
 @pytest.mark.parametrize("watch", ["inotify", "poll"])

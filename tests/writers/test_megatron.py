@@ -8,22 +8,15 @@ from __future__ import annotations
 
 import pytest
 
-from tests.writers.harness import Driver, Scenario, Watched
+from tests.writers.harness import Scenario, watching
 
 pytestmark = pytest.mark.writers
 
 
 @pytest.mark.parametrize("watch", ["inotify", "poll"])
 def test_megatron_iterations_and_tracker(tmp_path, watch: str) -> None:
-    root = tmp_path / "job"
-    root.mkdir()
-    watched = Watched(root, tmp_path, watch=watch)
-    driver = Driver("megatron", "torch", root)
-    try:
+    with watching(tmp_path, "megatron", "torch", watch=watch) as (root, driver, watched):
         reported = Scenario(driver, watched, layout="megatron").run()
-    finally:
-        driver.close()
-        watched.close()
     assert [line["step"] for line in reported] == [5, 10, 15, 20, 25]
     tracker = (root / "latest_checkpointed_iteration.txt").read_text()
     assert tracker == "20"  # the killed save never reached the tracker

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.writers.harness import Driver, Scenario, Watched
+from tests.writers.harness import Scenario, watching
 
 pytestmark = pytest.mark.writers
 
@@ -19,12 +19,5 @@ pytestmark = pytest.mark.writers
     [("async", "inotify"), ("sync", "inotify"), ("async", "poll"), ("sync", "poll")],
 )
 def test_orbax_checkpoint_manager(tmp_path, mode: str, watch: str) -> None:
-    root = tmp_path / "job"
-    root.mkdir()
-    watched = Watched(root, tmp_path, watch=watch)
-    driver = Driver("orbax", "jax", root, mode)
-    try:
+    with watching(tmp_path, "orbax", "jax", mode, watch=watch) as (_root, driver, watched):
         Scenario(driver, watched, layout="orbax").run()
-    finally:
-        driver.close()
-        watched.close()

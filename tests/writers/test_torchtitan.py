@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.writers.harness import Driver, Scenario, Watched
+from tests.writers.harness import Scenario, watching
 
 pytestmark = pytest.mark.writers
 
@@ -18,12 +18,9 @@ pytestmark = pytest.mark.writers
     ("async_mode", "watch"), [("disabled", "inotify"), ("async", "inotify"), ("disabled", "poll")]
 )
 def test_torchtitan_checkpoint_manager(tmp_path, async_mode: str, watch: str) -> None:
-    dump = tmp_path / "outputs"
-    dump.mkdir()
-    watched = Watched(dump, tmp_path, watch=watch)
-    driver = Driver("torchtitan", "torch", dump, async_mode)
-    try:
+    with watching(tmp_path, "torchtitan", "torch", async_mode, job="outputs", watch=watch) as (
+        _dump,
+        driver,
+        watched,
+    ):
         Scenario(driver, watched, layout="torchtitan").run()
-    finally:
-        driver.close()
-        watched.close()

@@ -6,7 +6,7 @@ Checked against transformers 5.24.0 with safetensors 0.8.0 and accelerate 1.15.0
 (``rotate_checkpoints``, ``sort_checkpoints``), ``trainer_jit_checkpoint.py``,
 ``trainer_pt_utils.py`` (``save_metrics``, ``save_state``), ``modeling_utils.py``
 (``PreTrainedModel.save_pretrained``, the loader's choice of weights file) and by tracing the
-system calls of real saves (tests/writers/drivers/hf.py).
+system calls of real saves (tests/writers/drivers/hf_writer.py).
 
 **safetensors 0.8 ``save_file``** (every weights file below) writes a hidden temporary file in
 the target directory, ``.tmp`` plus six letters or digits (the Rust ``tempfile`` crate),

@@ -3,7 +3,7 @@
 Checked against megatron-core 0.16.1 (pip, with torch 2.13) and Megatron-LM at tag
 ``core_v0.16.1``, ``megatron/training/checkpointing.py`` ``save_checkpoint`` (the same at its
 2026-08 ``main``); the writers tier drives that sequence with the real megatron-core
-(tests/writers/drivers/megatron.py).
+(tests/writers/drivers/megatron_writer.py).
 
 ``save_checkpoint`` with the default ``--ckpt-format torch_dist``, on every rank unless noted:
 

@@ -2,7 +2,7 @@
 
 Checked against orbax-checkpoint 0.12.8 (``checkpoint_manager.py`` ``save``/``_finalize``,
 ``_src/path/atomicity.py``, ``atomicity_defaults.py``, ``temporary_paths.py``, ``deleter.py``) by
-running it on JAX 0.10.2 (tests/writers/drivers/orbax.py). One save, on a local path:
+running it on JAX 0.10.2 (tests/writers/drivers/orbax_writer.py). One save, on a local path:
 
 1. ``_create_tmp_directory`` removes a leftover ``N.orbax-checkpoint-tmp``, creates it and writes
    ``_CHECKPOINT_METADATA`` (JSON) with ``init_timestamp_nsecs`` and a null commit timestamp.

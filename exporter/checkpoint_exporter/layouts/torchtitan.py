@@ -2,7 +2,7 @@
 
 Checked against torchtitan 0.3.0 (``components/checkpointer/dcp.py``: ``CheckpointManager``
 ``_save``, ``_save_last_step``, ``_purge_stale_checkpoints``, ``_find_load_step``; ``base.py``:
-``purge_thread``) on torch 2.13 by running it (tests/writers/drivers/torchtitan.py):
+``purge_thread``) on torch 2.13 by running it (tests/writers/drivers/torchtitan_writer.py):
 
 - The Trainer builds the manager with ``base_folder`` = its ``dump_folder`` and
   ``checkpoint.folder`` (default ``"checkpoint"``, joined below it); every save goes to

@@ -27,24 +27,17 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-# This file is itself named torchtitan.py, and Python puts its folder first on sys.path: it is
-# left out while the library is imported, and put back for ``common``.
-_HERE = sys.path.pop(0)
-
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-from torch.distributed.checkpoint import filesystem  # noqa: E402
-from torch.distributed.checkpoint.stateful import Stateful  # noqa: E402
-from torchtitan.components.checkpoint import CheckpointManager  # noqa: E402
-from torchtitan.components.optimizer.lr_scheduler import LRSchedulersContainer  # noqa: E402
-from torchtitan.components.optimizer.optimizer import (  # noqa: E402
+import torch
+import torch.distributed as dist
+from common import hang_here, serve
+from torch.distributed.checkpoint import filesystem
+from torch.distributed.checkpoint.stateful import Stateful
+from torchtitan.components.checkpoint import CheckpointManager
+from torchtitan.components.optimizer.lr_scheduler import LRSchedulersContainer
+from torchtitan.components.optimizer.optimizer import (
     OptimizersContainer,
     ParamGroupConfig,
 )
-
-sys.path.insert(0, _HERE)
-
-from common import hang_here, serve  # noqa: E402
 
 ROOT = Path(sys.argv[1])
 ASYNC_MODE = sys.argv[2] if len(sys.argv) > 2 else "disabled"

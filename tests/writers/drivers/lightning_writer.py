@@ -34,19 +34,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-# Python puts this file's folder first on sys.path, where this very file (lightning.py) would
-# shadow the real package: import the library without that folder, then put it back.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-_SHADOWING = [p for p in sys.path if os.path.abspath(p or os.curdir) == _HERE]
-sys.path[:] = [p for p in sys.path if p not in _SHADOWING]
-import lightning as L  # noqa: E402
-import torch  # noqa: E402
-from fsspec.implementations.local import LocalFileOpener  # noqa: E402
-from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO  # noqa: E402
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint  # noqa: E402
-
-sys.path.insert(0, _HERE)
-from common import hang_here, say  # noqa: E402
+import lightning as L
+import torch
+from common import hang_here, say
+from fsspec.implementations.local import LocalFileOpener
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 ROOT = Path(sys.argv[1])
 parser = argparse.ArgumentParser()

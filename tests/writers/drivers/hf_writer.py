@@ -28,17 +28,11 @@ import string
 import sys
 from pathlib import Path
 
+import torch
+import transformers
 from common import hang_here, say, serve
-
-# The drivers' folder leads sys.path and holds deepspeed.py (a driver): accelerate, which the
-# Trainer imports, must find the library of that name, not the driver.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
-
-import torch  # noqa: E402
-import transformers  # noqa: E402
-from safetensors.torch import save as safetensors_bytes  # noqa: E402
-from transformers import (  # noqa: E402
+from safetensors.torch import save as safetensors_bytes
+from transformers import (
     GPT2Config,
     GPT2LMHeadModel,
     TrainerCallback,

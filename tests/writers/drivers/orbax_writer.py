@@ -15,19 +15,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-# This file is itself named orbax.py and Python puts its folder first on sys.path; ``orbax`` is a
-# namespace package, which any plain module of that name anywhere on the path beats. So the
-# folder is left out while the library is imported, and put back for ``common``.
-_HERE = sys.path.pop(0)
-
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import orbax.checkpoint as ocp  # noqa: E402
-from orbax.checkpoint._src.path import atomicity  # noqa: E402
-
-sys.path.insert(0, _HERE)
-
-from common import hang_here, serve  # noqa: E402
+import jax
+import jax.numpy as jnp
+import orbax.checkpoint as ocp
+from common import hang_here, serve
+from orbax.checkpoint._src.path import atomicity
 
 ROOT = Path(sys.argv[1])
 ASYNC = (sys.argv[2] if len(sys.argv) > 2 else "async") == "async"

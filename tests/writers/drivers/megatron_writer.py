@@ -58,14 +58,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-# This file is named like the library it drives: with its own directory on sys.path (as the
-# script's, or the spawned manager's re-import) ``import megatron`` would find this file. Import
-# ``common`` from here, then take the directory off the path.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, _HERE)
-from common import hang_here, serve  # noqa: E402
-
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+# megatron-core's spawned manager re-imports this script as a module: its folder must be on
+# the path for ``common``.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import hang_here, serve
 
 warnings.filterwarnings("ignore")
 

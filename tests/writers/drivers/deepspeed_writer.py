@@ -34,16 +34,10 @@ os.environ.update(
     LOCAL_RANK="0",
 )
 
-from common import hang_here, serve  # noqa: E402
-
-# This file is itself named deepspeed.py and its folder leads sys.path: drop the folder, or
-# ``import deepspeed`` would import this driver again instead of the library.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
-
 import deepspeed  # noqa: E402 - the accelerator is chosen from the environment at import
 import deepspeed.comm.torch  # noqa: E402 - patched below, by its module name
 import torch  # noqa: E402
+from common import hang_here, serve  # noqa: E402
 
 # The CPU backend JIT-compiles a shared-memory all-reduce op (about 40 s with a C++ compiler, a
 # failure without one); one gloo process never uses it, and the save path does not touch it.
