@@ -379,6 +379,7 @@ def _worker(descriptor: int, memory_limit: int) -> None:
             limit = int(json.loads(message)["limit"])
             try:
                 try:
+                    os.lseek(fds[0], 0, os.SEEK_SET)  # the whole file, wherever it was left
                     data = fsread.read_open(fds[0], limit, "metadata")
                 except ValueError as error:
                     raise MetadataError(str(error)) from None

@@ -89,6 +89,22 @@ def pickles() -> st.SearchStrategy[bytes]:
     return st.one_of(grammar, mutations("dcp_metadata"), st.binary(max_size=1024))
 
 
+# One-byte opcodes that each make an object (and MEMOIZE, which keeps one alive): the ways a
+# small pickle asks for a large heap.
+_AMPLIFIERS = [b"}", b"]", b"\x8f", b"}\x94", b"]\x94", b"(", b"N\x94", b"\x88"]
+
+
+def amplifying_pickles() -> st.SearchStrategy[bytes]:
+    """Allocation bombs: one object-making opcode repeated up to a million times, alone or
+    mixed, optionally under a real Metadata global so the reader gets as far as it can."""
+    run = st.tuples(st.sampled_from(_AMPLIFIERS), st.integers(1, 1 << 20))
+    body = st.lists(run, min_size=1, max_size=3).map(
+        lambda runs: b"".join(opcode * count for opcode, count in runs)
+    )
+    prefix = st.sampled_from([b"", _global("torch.distributed.checkpoint.metadata", "Metadata")])
+    return st.builds(lambda head, middle: b"\x80\x04" + head + middle + b".", prefix, body)
+
+
 # --- checkpoint trees -----------------------------------------------------------------------
 
 _NAMES = [

@@ -7,11 +7,13 @@ another job, no negative sizes) are asserted on whatever comes back.
 
 from __future__ import annotations
 
+import atexit
 import base64
 import json
 import math
 import os
 import posixpath
+import resource
 import tempfile
 from array import array
 from pathlib import Path
@@ -47,6 +49,34 @@ def dcp_metadata_target(data: bytes) -> None:
     for relative, size in result.shards.items():
         assert _inside(relative), relative
         assert size >= 0
+
+
+# One worker for the whole run, capped low so that every bomb is refused quickly.
+_ISOLATED_LIMIT = 96 * 1024 * 1024
+_isolated: list[dcp_metadata.IsolatedParser] = []
+
+
+def dcp_metadata_isolated_target(data: bytes) -> None:
+    """What the daemon does with a .metadata: parsed in the capped worker. Whatever the pickle
+    asks for, the answer is facts or MetadataError, and this process's peak memory does not
+    move by more than the input's own size."""
+    if not _isolated:
+        _isolated.append(dcp_metadata.IsolatedParser(memory_limit=_ISOLATED_LIMIT))
+        atexit.register(_isolated[0].close)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with tempfile.TemporaryFile() as handle:
+        handle.write(data)
+        handle.flush()
+        try:
+            result = _isolated[0].parse(handle.fileno())
+        except dcp_metadata.MetadataError:
+            result = None
+    grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert grown_mb < 32 + len(data) / 2**20, f"the daemon's peak RSS grew {grown_mb:.0f} MB"
+    if result is not None:
+        for relative, size in result.shards.items():
+            assert _inside(relative), relative
+            assert size >= 0
 
 
 def build_tree(spec: Any) -> Dir:
@@ -151,6 +181,7 @@ def web_config_target(data: bytes) -> None:
 
 TARGETS = {
     "dcp_metadata": dcp_metadata_target,
+    "dcp_metadata_isolated": dcp_metadata_isolated_target,
     "layouts": layouts_target,
     "spool": spool_target,
     "config": config_target,

@@ -49,8 +49,10 @@ def _run(target: str, data: bytes) -> None:
         raise
 
 
-def _fuzz(target: str, inputs: st.SearchStrategy[bytes]) -> Callable[[], None]:
-    @fuzz_settings
+def _fuzz(
+    target: str, inputs: st.SearchStrategy[bytes], examples: int = EXAMPLES
+) -> Callable[[], None]:
+    @settings(fuzz_settings, max_examples=examples)
     @given(inputs)
     def run(data: bytes) -> None:
         _run(target, data)
@@ -59,6 +61,11 @@ def _fuzz(target: str, inputs: st.SearchStrategy[bytes]) -> Callable[[], None]:
 
 
 test_fuzz_dcp_metadata = _fuzz("dcp_metadata", strategies.pickles())
+test_fuzz_dcp_metadata_isolated = _fuzz(
+    "dcp_metadata_isolated",
+    st.one_of(strategies.amplifying_pickles(), strategies.pickles()),
+    examples=max(1, EXAMPLES // 5),  # each bomb costs its worker a restart
+)
 test_fuzz_layouts = _fuzz("layouts", strategies.trees())
 test_fuzz_spool = _fuzz("spool", strategies.spool_files())
 test_fuzz_config = _fuzz("config", strategies.configs("config"))
