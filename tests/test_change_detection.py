@@ -239,3 +239,98 @@ def test_retention_removing_the_marker_first_is_neither_a_save_nor_an_abort() ->
     state = tracker.state()
     assert [g.state for g in state.generations] == ["deleting"]
     assert (state.saves_aborted, newest_committed(state)) == (0, None)
+
+
+def test_a_rewrite_that_truncates_first_is_a_save_not_a_deletion() -> None:
+    """copyfile over last.ckpt (TMPDIR on another filesystem): the file is truncated, then
+    grows. Smaller is not retention for a generation without a marker; the last commit stays
+    visible, and a finished rewrite smaller than before is judged and counted."""
+    tracker = job()
+    tracker.observe(DURABLE, [], T)
+    tracker.observe(DURABLE, [single(500, T + 1)], T + 1)
+    (request,) = tracker.observe(DURABLE, [single(500, T + 1)], T + 7)
+    tracker.apply_verdict(request, Verdict(True))
+    tracker.observe(DURABLE, [single(10, T + 60)], T + 60)  # truncated, being copied
+    state = tracker.state()
+    assert {g.state for g in state.generations} == {WRITING, COMMITTED}
+    assert newest_committed(state).bytes == 500
+    tracker.observe(DURABLE, [single(499, T + 61)], T + 61)  # the copy done
+    (request,) = tracker.observe(DURABLE, [single(499, T + 61)], T + 67)
+    tracker.apply_verdict(request, Verdict(True))
+    state = tracker.state()
+    assert ([g.state for g in state.generations], state.saves_committed) == ([COMMITTED], 2)
+    assert newest_committed(state).bytes == 499
+
+
+def test_the_same_name_saved_again_is_a_new_commit() -> None:
+    """dcp.save into a fixed checkpoint_id: shards rewritten under the old .metadata, then a
+    new .metadata renamed over it. And a generation deleted and saved anew under its name."""
+    tracker = job()
+    tracker.observe(DURABLE, [], T)
+    first = Found("ckpt", None, COMMITTED, T, T + 1, T + 1, 100, 5, ())
+    tracker.observe(DURABLE, [first], T + 2)
+    rewriting = Found("ckpt", None, COMMITTED, T, T + 50, T + 1, 60, 5, ())
+    tracker.observe(DURABLE, [rewriting], T + 50)
+    assert tracker.state().saves_committed == 1  # the old marker still stands
+    again = Found("ckpt", None, COMMITTED, T + 40, T + 61, T + 61, 100, 5, ())  # all rewritten
+    tracker.observe(DURABLE, [again], T + 62)
+    assert tracker.state().saves_committed == 2
+    going = Found("ckpt", None, WRITING, T, T + 90, None, 40, 2, ())
+    tracker.observe(DURABLE, [going], T + 90)
+    assert [g.state for g in tracker.state().generations] == ["deleting"]
+    anew = Found("ckpt", None, COMMITTED, T + 95, T + 120, T + 120, 100, 5, ())
+    tracker.observe(DURABLE, [anew], T + 121)
+    assert tracker.state().saves_committed == 3
+    marker_alone = Found("ckpt", None, COMMITTED, T + 95, T + 200, T + 200, 100, 5, ())
+    tracker.observe(DURABLE, [marker_alone], T + 201)  # a pointer written again, no data
+    assert tracker.state().saves_committed == 3
+
+
+def test_retention_killed_half_way_is_never_a_save_or_an_abort() -> None:
+    tracker = job(deadline=30)
+    full = Found("step-1", 1, COMMITTED, T, T + 1, T + 1, 100, 5, ())
+    tracker.observe(DURABLE, [full], T + 2)
+    tracker.observe(DURABLE, [Found("step-1", 1, WRITING, T, T + 1, None, 60, 3, ())], T + 10)
+    # rmdir of an emptied subdirectory: only the directory's mtime moves
+    tracker.observe(DURABLE, [Found("step-1", 1, WRITING, T, T + 11, None, 60, 3, ())], T + 11)
+    tracker.tick(T + 3600)
+    state = tracker.state()
+    assert ([g.state for g in state.generations], state.saves_aborted) == (["deleting"], 0)
+
+
+def test_history_is_never_counted_not_even_as_an_abort() -> None:
+    """An old truncated last.ckpt found at start-up: aborted on the gauges, not counted (a
+    restart must not grow saves_aborted_total)."""
+    tracker = job(deadline=30)
+    (request,) = tracker.observe(DURABLE, [single(500, T)], T + 3600)
+    tracker.apply_verdict(request, Verdict(False, "bad_zip"))
+    tracker.tick(T + 3600 + 31)
+    state = tracker.state()
+    assert ([g.state for g in state.generations], state.saves_aborted) == ([ABORTED], 0)
+
+
+def test_what_could_not_be_read_at_first_is_history_once_readable() -> None:
+    tracker = job()
+    tracker.observe(DURABLE, [], T, unreadable={"step-1"})
+    old = Found("step-1", 1, COMMITTED, T - 86400, T - 86300, T - 86300, 100, 5, ())
+    tracker.observe(DURABLE, [old], T + 10)
+    state = tracker.state()
+    assert (state.saves_committed, state.deadline_misses) == (0, 0)
+
+
+def test_checks_that_could_not_run_are_asked_again_later_never_judged() -> None:
+    """The metadata parser unavailable, EIO: no verdict. Not valid, not invalid, not an
+    abort; asked again after the retry pause, then judged."""
+    tracker = job(deadline=30)
+    tracker.observe(DURABLE, [], T)
+    tracker.observe(DURABLE, [single(500, T + 1)], T + 1)
+    (request,) = tracker.observe(DURABLE, [single(500, T + 1)], T + 7)
+    tracker.submitted(request)
+    tracker.retry_validation(request, not_before=T + 37)
+    assert tracker.observe(DURABLE, [single(500, T + 1)], T + 20) == []
+    tracker.tick(T + 100)  # past the deadline: still not judged, so not aborted
+    assert tracker.state().generations[0].state == WRITING
+    assert tracker.validation_retry_due(T + 38)
+    (request,) = tracker.observe(DURABLE, [single(500, T + 1)], T + 38)
+    tracker.apply_verdict(request, Verdict(True))
+    assert tracker.state().saves_committed == 1

@@ -68,6 +68,10 @@ class ScanConfig:
     reconcile_interval: float = 3600.0  # full relisting, also after an inotify overflow
     max_depth: int = 8
     checksum_bytes_per_second: float = 200e6
+    # Address space of the worker that parses DCP .metadata (see dcp_metadata.IsolatedParser):
+    # a real file needs up to about 16 times its size, so 768 MiB checks files up to ~40 MiB.
+    # The pod's memory limit must leave this much beside the daemon.
+    metadata_memory_bytes: int = 768 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -641,6 +645,7 @@ def _parse(data: object, checker: _Checker) -> Config:
                 "reconcile_interval": _positive_duration,
                 "max_depth": _whole_number(1, MAX_SCAN_DEPTH),
                 "checksum_bytes_per_second": _rate(MAX_BYTES_PER_SECOND),
+                "metadata_memory_bytes": _whole_number(64 << 20, 1 << 40),
             },
         )
     )
@@ -820,6 +825,7 @@ def config_to_dict(config: Config) -> dict[str, Any]:
             "reconcile_interval": format_duration(config.scan.reconcile_interval),
             "max_depth": config.scan.max_depth,
             "checksum_bytes_per_second": config.scan.checksum_bytes_per_second,
+            "metadata_memory_bytes": config.scan.metadata_memory_bytes,
         },
         "defaults": _policy_dict(config.defaults),
         "jobs": [

@@ -17,6 +17,8 @@ the daemon's own memory never sees it.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import io
 import json
 import os
@@ -29,14 +31,15 @@ import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from checkpoint_exporter import fsread
 
 DEFAULT_SIZE_LIMIT = 256 * 1024 * 1024
-# Address space of the parsing worker: the interpreter (~40 MiB mapped) plus what a real
-# metadata file needs (a few times its size). Real files of tens of MiB fit; a bomb does not.
-DEFAULT_MEMORY_LIMIT = 512 * 1024 * 1024
+# Address space of the parsing worker in all (scan.metadata_memory_bytes): the interpreter
+# (~40 MiB mapped) plus what a real metadata file needs, up to about 16 times its size.
+DEFAULT_MEMORY_LIMIT = 768 * 1024 * 1024
 DEFAULT_PARSE_TIMEOUT = 120.0
 
 
@@ -276,7 +279,16 @@ class IsolatedParser:
 
     One worker, started on first use and again after it died or hit its limit; requests are
     one at a time (the validator's thread). The worker exits when the daemon does: it reads
-    requests from a socket whose other end closes with the daemon."""
+    requests from a socket whose other end closes with the daemon.
+
+    Two limits, told apart in the answer: each request may grow the worker by
+    ``AMPLIFICATION`` times the file's size (a real file needs up to about 16; a bomb of
+    one-byte objects 70 and more): past it, the file is a bomb, ``MetadataTooLarge``. And the
+    worker never exceeds ``memory_limit`` in all: a real file too large to check within it is
+    the operator's limit, not the checkpoint's fault, ``ParserUnavailable``. So are a worker
+    that cannot start, dies or times out: never a verdict on the checkpoint."""
+
+    AMPLIFICATION = 24
 
     def __init__(
         self, memory_limit: int = DEFAULT_MEMORY_LIMIT, timeout: float = DEFAULT_PARSE_TIMEOUT
@@ -286,6 +298,7 @@ class IsolatedParser:
         self._lock = threading.Lock()
         self._process: subprocess.Popen[bytes] | None = None
         self._socket: socket.socket | None = None
+        self._closed = False
 
     def _start(self) -> socket.socket:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -293,7 +306,7 @@ class IsolatedParser:
         code = (
             f"import sys; sys.path[:0] = {sys.path!r}; "
             "from checkpoint_exporter.dcp_metadata import _worker; "
-            f"_worker({theirs.fileno()}, {self.memory_limit})"
+            f"_worker({theirs.fileno()}, {self.memory_limit}, {self.AMPLIFICATION})"
         )
         try:
             # /proc/self/exe: the interpreter running now, even where its path is not
@@ -309,12 +322,25 @@ class IsolatedParser:
                     continue
             else:
                 raise ParserUnavailable("cannot start the metadata parser: permission denied")
+        except OSError as error:
+            ours.close()
+            raise ParserUnavailable(f"cannot start the metadata parser: {error}") from None
+        except BaseException:
+            ours.close()
+            raise
         finally:
             theirs.close()
         self._socket = ours
         return ours
 
     def close(self) -> None:
+        """Stop the worker now, even during a parse (which then fails as unavailable): the
+        daemon's shutdown does not wait for a slow file."""
+        self._closed = True
+        process, self._process = self._process, None
+        if process is not None:
+            process.kill()
+            process.wait()
         with self._lock:
             self._stop()
 
@@ -327,21 +353,44 @@ class IsolatedParser:
             self._process.wait()
             self._process = None
 
+    def _connection(self) -> socket.socket:
+        if self._closed:
+            raise ParserUnavailable("the metadata parser is shut down")
+        if self._process is not None and self._process.poll() is not None:
+            self._stop()  # died while idle (killed, OOM): a fresh one, not a false verdict
+        return self._socket or self._start()
+
     def parse(self, fd: int, size_limit: int = DEFAULT_SIZE_LIMIT) -> DcpMetadata:
+        request = [json.dumps({"limit": size_limit}).encode()]
         with self._lock:
-            connection = self._socket or self._start()
-            try:
-                connection.settimeout(self.timeout)
-                socket.send_fds(connection, [json.dumps({"limit": size_limit}).encode()], [fd])
-                reply = _receive(connection)
-            except (OSError, ValueError) as error:
-                self._stop()  # dead, hung or out of memory: a fresh worker next time
-                if isinstance(error, TimeoutError):
-                    raise MetadataError(f"parsing took longer than {self.timeout:g} s") from None
-                raise MetadataError("the metadata parser stopped (memory limit)") from None
+            for attempt in (1, 2):
+                connection = self._connection()
+                try:
+                    connection.settimeout(self.timeout)
+                    socket.send_fds(connection, request, [fd])
+                except OSError:
+                    self._stop()  # the worker went between the check and the send
+                    if attempt == 2:
+                        raise ParserUnavailable("the metadata parser is not answering") from None
+                    continue
+                try:
+                    reply = _receive(connection)
+                except TimeoutError:
+                    self._stop()
+                    raise ParserUnavailable(
+                        f"parsing took longer than {self.timeout:g} s"
+                    ) from None
+                except (OSError, ValueError):
+                    self._stop()
+                    raise ParserUnavailable("the metadata parser stopped while parsing") from None
+                break
             if "error" in reply:
                 if reply.get("memory"):
                     self._stop()  # its heap may stay large: start clean
+                if reply.get("kind") == "bomb":
+                    raise MetadataTooLarge(str(reply["error"]))
+                if reply.get("kind") == "cap":
+                    raise ParserUnavailable(str(reply["error"]))
                 raise MetadataError(str(reply["error"]))
             return DcpMetadata(reply["version"], reply["save_id"], dict(reply["shards"]))
 
@@ -361,7 +410,16 @@ def _exactly(connection: socket.socket, count: int) -> bytes:
     return bytes(data)
 
 
-def _worker(descriptor: int, memory_limit: int) -> None:
+class _OutOfMemory(Exception):
+    """An allocation refused by the address-space limit, met as an OSError (ENOMEM)."""
+
+
+def _mapped_bytes() -> int:
+    pages = Path("/proc/self/statm").read_text(encoding="ascii").split()[0]
+    return int(pages) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _worker(descriptor: int, memory_limit: int, amplification: int) -> None:
     """The worker's loop: a request (size limit) and a file descriptor in, facts out."""
     resource.setrlimit(resource.RLIMIT_AS, (memory_limit, memory_limit))
     connection = socket.socket(fileno=descriptor)
@@ -373,29 +431,48 @@ def _worker(descriptor: int, memory_limit: int) -> None:
         if not message:
             return  # the daemon is gone
         reply: dict[str, Any]
+        bound = memory_limit
         try:
             if len(fds) != 1:
                 raise MetadataError("no file descriptor with the request")
             limit = int(json.loads(message)["limit"])
             try:
+                with contextlib.suppress(OSError):  # the whole file, wherever it was left
+                    os.lseek(fds[0], 0, os.SEEK_SET)
+                size = os.fstat(fds[0]).st_size
+                # What this file may make the worker grow by: far more than any real metadata
+                # needs, far less than what a bomb of one-byte objects asks for.
+                bound = min(memory_limit, _mapped_bytes() + (64 << 20) + amplification * size)
+                resource.setrlimit(resource.RLIMIT_AS, (bound, memory_limit))
                 try:
-                    os.lseek(fds[0], 0, os.SEEK_SET)  # the whole file, wherever it was left
                     data = fsread.read_open(fds[0], limit, "metadata")
                 except ValueError as error:
                     raise MetadataError(str(error)) from None
+                except OSError as error:
+                    if error.errno == errno.ENOMEM:  # the read buffer itself over the limit
+                        raise _OutOfMemory from None
+                    raise
                 parsed = loads(data)
             finally:
                 os.close(fds[0])
+                resource.setrlimit(resource.RLIMIT_AS, (memory_limit, memory_limit))
             reply = {"version": parsed.version, "save_id": parsed.save_id,
                      "shards": parsed.shards}  # fmt: skip
-        except (MemoryError, MetadataTooLarge):
-            reply = {"error": f"parsing needs more than {memory_limit >> 20} MiB", "memory": True}
+        except (MemoryError, MetadataTooLarge, _OutOfMemory):
+            if bound < memory_limit:
+                reply = {"error": f"parsing needs more than {amplification} times its size "
+                         "(an allocation bomb)", "memory": True, "kind": "bomb"}  # fmt: skip
+            else:
+                reply = {"error": f"too large to check within the parser's "
+                         f"{memory_limit >> 20} MiB (scan.metadata_memory_bytes)",
+                         "memory": True, "kind": "cap"}  # fmt: skip
         except MetadataError as error:
             reply = {"error": str(error)}
         except Exception as error:  # never let one file end the worker silently
-            reply = {"error": f"unreadable metadata: {type(error).__name__}"}
+            reply = {"error": f"unreadable metadata: {type(error).__name__}: {error}"}
         try:
             payload = json.dumps(reply).encode()
         except MemoryError:
-            payload = json.dumps({"error": "reply too large", "memory": True}).encode()
+            payload = json.dumps({"error": "reply too large", "memory": True, "kind": "cap"})
+            payload = payload.encode()
         connection.sendall(len(payload).to_bytes(8, "big") + payload)

@@ -639,6 +639,8 @@ class TreeReader:
             return fsread.read_bytes(name, self.content_limit, dir_fd=directory)
         except FileNotFoundError:
             return None
+        except ValueError:
+            return None  # grew past the limit since its stat: read as an oversized marker
         except OSError as error:
             self._error(stats, _join(relative, name), _reason(error))
             return None

@@ -17,12 +17,12 @@ import re
 import stat
 import threading
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
 
 from checkpoint_exporter import dcp_metadata, fsread, layouts
 from checkpoint_exporter.config import Config, DiscoverConfig, Policy
-from checkpoint_exporter.layouts.base import Options
+from checkpoint_exporter.layouts.base import Check, Options
 from checkpoint_exporter.listing import Dir, OpsBudget, TreeReader
 from checkpoint_exporter.model import DURABLE, DaemonState, WatchedPath
 from checkpoint_exporter.spool import Event, SpoolReader
@@ -42,6 +42,9 @@ from checkpoint_exporter.watch import (
 log = logging.getLogger(__name__)
 
 COALESCE_SECONDS = 0.1
+# A generation whose checks could not run (I/O trouble, the metadata parser unavailable) is
+# checked again after this long, not on every pass.
+RETRY_UNCHECKED_SECONDS = 30.0
 # Files the watcher named per job between two passes, re-statted on the next one. Past this many,
 # the rest are left to the hot re-stat of saves in progress and to the markers' re-stat.
 TOUCHED_PER_JOB = 4096
@@ -77,6 +80,8 @@ class _Source:
     reconcile: bool = True
     discovered_from: str | None = None
     missing_since: float | None = None
+    failures: int = 0  # scans in a row that raised
+    retry_at: float = 0.0  # after a failed scan, not again before this (monotonic)
 
     @property
     def polled(self) -> bool:
@@ -108,47 +113,43 @@ class Validator:
         # A None verdict: the generation moved or vanished while read; judge it again later.
         self.verdicts: queue.Queue[tuple[ValidationRequest, Verdict | None]] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="validator", daemon=True)
+        self._stopping = threading.Event()
 
     def start(self) -> None:
         self._thread.start()
 
     def stop(self) -> None:
+        """Stop now: requests still queued are dropped, a parse under way is cut short."""
+        self._stopping.set()
         self._requests.put(None)
-        self._thread.join(timeout=5)
         if self.limits.metadata_parser is not None:
             self.limits.metadata_parser.close()
+        self._thread.join(timeout=5)
 
     def submit(self, request: ValidationRequest, root: str, follow_root: bool = True) -> None:
         """``follow_root``: whether ``root`` itself may be a symlink (a configured root)."""
         self._requests.put((request, root, follow_root))
 
     def _run(self) -> None:
-        while (item := self._requests.get()) is not None:
+        while (item := self._requests.get()) is not None and not self._stopping.is_set():
             request, root, follow_root = item
             target = os.path.join(root, request.generation)
             before = _identity(target)
             try:
-                opened = _open_generation(root, request.generation, follow_root)
-            except OSError:
-                opened = None  # gone, or swapped for a symlink since it was listed
-            if opened is None:
+                verdict = _validate_beneath(root, follow_root, request.found.checks, self.limits)
+            except Exception as error:  # our bug, not the checkpoint's: no verdict, asked later
+                log.exception("validation of %s/%s failed", root, request.generation)
+                verdict = Verdict(False, None, f"not checked: {error!r}", unchecked=True)
+            if verdict is None:  # gone, or swapped for a symlink since it was listed
                 self.verdicts.put((request, None))
                 continue
-            directory, prefix = opened
-            try:
-                # The checks read below the directory opened without following symlinks, named
-                # through its descriptor, so a component swapped since the listing leads nowhere.
-                base = f"/proc/self/fd/{directory}"
-                checks = [
-                    replace(check, path=_strip(check.path, prefix))
-                    for check in request.found.checks
-                ]
-                verdict = validate(base, checks, self.limits)
-            except Exception:
-                log.exception("validation of %s/%s failed", root, request.generation)
+            if verdict.unchecked:
+                log.warning(
+                    "checkpoint not checked: job=%s generation=%s %s; trying again in %g s",
+                    request.job, request.generation, verdict.detail, RETRY_UNCHECKED_SECONDS,
+                )  # fmt: skip
+                self.verdicts.put((request, verdict))
                 continue
-            finally:
-                os.close(directory)
             if not verdict.valid and (before is None or _identity(target) != before):
                 # Renamed, replaced or deleted under the reader (retention, a writer's rename):
                 # what was missing is not the checkpoint's fault.
@@ -168,23 +169,51 @@ class Validator:
             self.verdicts.put((request, verdict))
 
 
-def _open_generation(root: str, generation: str, follow_root: bool) -> tuple[int, str] | None:
-    """A descriptor of the deepest directory on the way to ``generation`` (the generation
-    itself, or the directory holding a single-file one), opened one component at a time without
-    following symlinks, and its path below ``root``."""
+def _validate_beneath(
+    root: str, follow_root: bool, checks: Sequence[Check], limits: Limits
+) -> Verdict | None:
+    """``validate``, with every check read through a descriptor of the directory holding it,
+    reached from the tier root one component at a time without following symlinks: a directory
+    swapped for a symlink since the listing leads nowhere (None: no verdict, asked again)."""
+    step, details = None, []
+    for check in checks:
+        try:
+            opened = _open_beneath(root, check.path, follow_root)
+        except FileNotFoundError:
+            return None
+        if opened is None:
+            return None
+        directory, reached = opened
+        try:
+            base = f"/proc/self/fd/{directory}"
+            verdict = validate(base, [replace(check, path=_strip(check.path, reached))], limits)
+        finally:
+            os.close(directory)
+        if not verdict.valid:
+            return verdict
+        step = verdict.step if step is None else step
+        if verdict.detail:
+            details.append(verdict.detail)
+    return Verdict(True, detail="; ".join(details), step=step)
+
+
+def _open_beneath(root: str, relative: str, follow_root: bool) -> tuple[int, str] | None:
+    """A descriptor of the deepest directory on the way to ``relative`` (itself when it is a
+    directory, else the one holding it), opened one component at a time without following
+    symlinks, and its path below ``root``; None when a symlink stands where a directory was."""
     directory = fsread.open_directory(root, follow_symlink=follow_root)
     reached: list[str] = []
     try:
-        for part in [p for p in generation.split("/") if p not in ("", ".")]:
+        for part in [p for p in relative.split("/") if p not in ("", ".")]:
             try:
                 child = fsread.open_directory(part, dir_fd=directory)
             except OSError as error:
                 if error.errno not in (errno.ENOTDIR, errno.ELOOP):
                     raise
                 if stat.S_ISREG(os.lstat(part, dir_fd=directory).st_mode):
-                    break  # a single-file generation: its directory is where the checks start
+                    break  # a file: the checks read it through its directory's descriptor
                 os.close(directory)
-                return None  # a symlink (or stranger) where a directory was listed
+                return None
             os.close(directory)
             directory = child
             reached.append(part)
@@ -229,7 +258,7 @@ class Scanner:
         self.validator = Validator(
             Limits(
                 checksum_bytes_per_second=config.scan.checksum_bytes_per_second,
-                metadata_parser=dcp_metadata.IsolatedParser(),
+                metadata_parser=dcp_metadata.IsolatedParser(config.scan.metadata_memory_bytes),
             )
         )
         self.watcher = None
@@ -446,8 +475,19 @@ class Scanner:
             touched, self._touched = self._touched, {}
         self._read_spool()  # before the disk: a save's start is filed before its commit is seen
         for name, source in list(self._sources.items()):
-            if self._due(source, name in dirty, now):
+            if not self._due(source, name in dirty, now):
+                continue
+            try:
                 self._scan(source, now, touched.get(name, ()))
+                source.failures = 0
+            except Exception:
+                # One job's tree must not stop every other job's scan: the others go on, and
+                # this one is read again in full after a pause that grows while it keeps failing.
+                if not source.failures:
+                    log.exception("scan of job=%s failed; reading it again in full", name)
+                source.failures += 1
+                source.reconcile = True
+                source.retry_at = now + min(60.0, 0.5 * 2**source.failures)
         self._apply_verdicts()
         wall = self.clock()
         for job in self.tracker.jobs.values():
@@ -499,12 +539,18 @@ class Scanner:
                 job.apply_events(events, self.clock())
 
     def _due(self, source: _Source, dirty: bool, now: float) -> bool:
+        if now < source.retry_at:
+            return False
         if dirty or source.reconcile:
             return True
         if source.polled and now >= source.next_poll:
             return True
         job = self.tracker.jobs.get(source.name)
-        return job is not None and job.has_saves_in_progress() and now - source.last_scan >= 1.0
+        if job is None:
+            return False
+        if job.validation_retry_due(self.clock()):
+            return True
+        return job.has_saves_in_progress() and now - source.last_scan >= 1.0
 
     def _scan(self, source: _Source, now: float, touched: Collection[str] = ()) -> None:
         started = time.perf_counter()
@@ -568,6 +614,8 @@ class Scanner:
                 job.retry_validation(request)
                 with self._lock:
                     self._dirty.add(request.job)  # rescan: the move shows up, or it is judged again
+            elif verdict.unchecked:
+                job.retry_validation(request, self.clock() + RETRY_UNCHECKED_SECONDS)
             else:
                 job.apply_verdict(request, verdict)
 

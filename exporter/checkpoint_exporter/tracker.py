@@ -88,6 +88,9 @@ class _Gen:
     validated: tuple[int, int, float] | None = None  # signature the verdict is for
     pending: tuple[int, int, float] | None = None  # signature submitted for validation
     step_inside: int | None = None  # read inside the generation by the validator
+    retry_at: float = 0.0  # its checks could not run: not asked again before this
+    # The commit marker's time when last seen committed (kept while its files go or change).
+    committed_at: float | None = None
     # A generation without a marker rewritten in place (save_pretrained into the same directory,
     # last.ckpt saved again): what it was when last committed, still shown as committed while
     # the new content settles, so no gauge blinks at every save. Dropped when the rewrite is
@@ -145,6 +148,10 @@ class JobTracker:
     layout: str = ""
     _gens: dict[tuple[str, str], _Gen] = field(default_factory=dict)
     _scanned: set[str] = field(default_factory=set)
+    # Per tier, what the last scan could not read: a generation first seen once it became
+    # readable is history, and no save behind it is aborted while it cannot be seen.
+    _unreadable: dict[str, frozenset[str]] = field(default_factory=dict)
+    _hidden_since: dict[str, float] = field(default_factory=dict)  # when that began, per tier
     saves_committed: int = 0
     saves_aborted: int = 0
     deadline_misses: int = 0
@@ -167,6 +174,7 @@ class JobTracker:
     # The newest committed generation's last known verdict: while a newer one is validated, the
     # valid gauge keeps it rather than disappearing (a blinking gauge breaks `for:` and absent()).
     _last_verdict: bool | None = None
+    _next_retry: float | None = None  # the soonest retry_at of a generation left unchecked
     last_window: tuple[float, float] | None = None  # the newest finished save: start, commit
     window_telemetry: WindowTelemetry | None = None
     drain: DrainState = field(default_factory=DrainState)
@@ -202,6 +210,13 @@ class JobTracker:
         if unreadable and first_read_failed(tier, self._scanned, unreadable):
             return []  # nothing known yet and nothing readable: the next read is the first
         first = tier not in self._scanned
+        hidden_before = self._unreadable.get(tier, frozenset())
+        hidden_since = self._hidden_since.get(tier, now)
+        self._unreadable[tier] = frozenset(unreadable)
+        if not unreadable:
+            self._hidden_since.pop(tier, None)
+        elif not hidden_before:
+            self._hidden_since[tier] = now
         self.just_committed = []
         self._scanned.add(tier)
         changed = first
@@ -216,7 +231,14 @@ class JobTracker:
             seen.add(key)
             gen = self._gens.get(key)
             if gen is None:
-                gen, changed = self._new(tier, item, now, first), True
+                # Behind what could not be read, and written before that began: it was there
+                # all along, unseen (history); written since, it is a save like any other.
+                history = first or (
+                    bool(hidden_before)
+                    and _behind(item.id, hidden_before)
+                    and item.last_write_time < hidden_since
+                )
+                gen, changed = self._new(tier, item, now, history), True
             elif item is not gen.found:  # the scanner passes the same Found while nothing moved
                 self._update(gen, item, now)
                 changed = True
@@ -233,6 +255,10 @@ class JobTracker:
                 continue  # not seen because it could not be read: kept as last known
             del self._gens[key]  # deleted (retention) or renamed away
             changed = True
+        self._next_retry = min(
+            (g.retry_at for g in self._gens.values() if g.retry_at > now and g.pending is None),
+            default=None,
+        )
         if changed:
             self._cached = None  # the published state (and its rendered series) is rebuilt
         self._writing = any(gen.state == WRITING for gen in self._gens.values())
@@ -243,6 +269,7 @@ class JobTracker:
 
     def _new(self, tier: str, item: Found, now: float, first: bool) -> _Gen:
         gen = _Gen(item, tier, item.state, item.start_time, now, history=first)
+        gen.committed_at = item.commit_time if item.state == COMMITTED else None
         if not first:
             self._skew_samples.append(item.last_write_time - now)
         self._gens[(tier, item.id)] = gen
@@ -268,7 +295,23 @@ class JobTracker:
 
     def _update(self, gen: _Gen, item: Found, now: float) -> None:
         moved = (item.bytes, item.files, item.last_write_time) != gen.signature
-        shrinking = item.files < gen.found.files or item.bytes < gen.found.bytes
+        # Retention's rmtree, marker first: files go and nothing comes. Only a generation with a
+        # marker can be told this way; one without (a rewrite that truncates, then grows) is a
+        # new save in progress.
+        shrinking = not item.settles and (
+            item.files < gen.found.files or item.bytes < gen.found.bytes
+        )
+        growing = item.files > gen.found.files or item.bytes > gen.found.bytes
+        # A newer marker over files all written since the last commit: the same name saved
+        # again (dcp.save into a fixed checkpoint_id, the marker renamed over the old one; or a
+        # generation deleted and saved anew), a new save to count. A marker rewritten alone (a
+        # pointer written twice) is not.
+        resaved = (
+            gen.committed_at is not None
+            and item.commit_time is not None
+            and item.commit_time > gen.committed_at
+            and item.start_time > gen.committed_at
+        )
         before = gen.public() if gen.state == COMMITTED else None
         if moved:
             gen.progress_at = now
@@ -278,6 +321,8 @@ class JobTracker:
         gen.found = item
         if item.state == WRITING and gen.state in (COMMITTED, DELETING) and shrinking:
             gen.state, gen.last_commit = DELETING, None  # retention at work, marker first
+        elif item.state == COMMITTED and gen.state in (COMMITTED, DELETING) and resaved:
+            self._recommit(gen, item, now)
         elif item.state == COMMITTED and gen.state == DELETING:
             gen.state = COMMITTED  # the marker is back (a rename, a restore): nothing new
         elif item.state == COMMITTED and gen.state != COMMITTED:
@@ -290,7 +335,7 @@ class JobTracker:
         elif item.state == WRITING and (
             (gen.state == COMMITTED and (moved or not item.settles))
             or (gen.state == ABORTED and item.settles and moved)
-            or (gen.state == DELETING and moved)  # it grows again: written anew in place
+            or (gen.state == DELETING and growing)  # written anew in place
         ):
             # The commit marker went away, or a generation without one changed after its
             # verdict: it is being written again (rewritten in place, copied over), a new save.
@@ -302,11 +347,27 @@ class JobTracker:
                 gen.last_commit = before
         elif item.settles and moved and gen.state == WRITING:
             gen.history = False  # it moved while we watched: a live save, counted when judged
+        if gen.state == COMMITTED and item.commit_time is not None:
+            gen.committed_at = item.commit_time
+
+    def _recommit(self, gen: _Gen, item: Found, now: float) -> None:
+        """The generation was saved again under its own name: a new save, counted and judged
+        afresh (its previous verdict stands on the gauge until the new one is known)."""
+        gen.state, gen.history, gen.last_commit = WRITING, False, None
+        gen.start_time, gen.progress_at = item.start_time, now
+        gen.valid = gen.invalid_reason = gen.validated = gen.pending = None
+        self._commit(gen)
+        self.just_committed.append(item.id)
+        if not item.checks and not item.invalid:
+            gen.valid, gen.validated = True, gen.signature
 
     def tick(self, now: float) -> None:
         """Abort saves that made no progress for the deadline (measured on the local clock)."""
         if self._writing:
             for gen in self._gens.values():
+                hidden = self._unreadable.get(gen.tier)
+                if hidden and _behind(gen.found.id, hidden):
+                    continue  # cannot be seen now: no progress is not evidence of an abort
                 if gen.state == WRITING and self._stalled(gen, now):
                     reason = gen.invalid_reason or (
                         f"no progress for {self.policy.deadline:g} s since its last write"
@@ -491,21 +552,23 @@ class JobTracker:
 
     def _stalled(self, gen: _Gen, now: float) -> bool:
         if gen.found.settles:
-            # Judged by its checks once still; a verdict under way is waited for, and one that
-            # found it incomplete stands only once the deadline passed without progress.
-            if gen.pending == gen.signature:
+            # Judged by its checks once still; a verdict under way is waited for (so is one
+            # whose checks could not run: not judged is not aborted), and one that found it
+            # incomplete stands only once the deadline passed without progress.
+            if gen.pending == gen.signature or gen.retry_at:
                 return False
             return now - gen.progress_at > max(self.policy.deadline, self.policy.settle)
         return now - gen.progress_at > self.policy.deadline
 
     def _abort(self, gen: _Gen, reason: str | None = None) -> None:
         gen.state, gen.last_commit = ABORTED, None
-        if not gen.history:
-            found = gen.found
-            log.warning(
-                "save aborted: job=%s tier=%s generation=%s step=%s reason=%s",
-                self.name, gen.tier, found.id, found.step, reason or "aborted by the writer",
-            )  # fmt: skip
+        if gen.history:
+            return  # found so at start-up: the gauges say so, no counter grows from history
+        found = gen.found
+        log.warning(
+            "save aborted: job=%s tier=%s generation=%s step=%s reason=%s",
+            self.name, gen.tier, found.id, found.step, reason or "aborted by the writer",
+        )  # fmt: skip
         if self._counts(gen):
             self.saves_aborted += 1
             found = gen.found
@@ -525,7 +588,7 @@ class JobTracker:
         )
 
     def _needs_validation(self, gen: _Gen, now: float) -> bool:
-        if not gen.found.checks or gen.pending == gen.signature:
+        if not gen.found.checks or gen.pending == gen.signature or now < gen.retry_at:
             return False
         if gen.state == COMMITTED:
             return gen.validated != gen.signature
@@ -551,7 +614,7 @@ class JobTracker:
         """A generation without a commit marker, still for the settle period, was checked: whole
         means committed (when its last write ended); incomplete stays a save in progress until
         the deadline passes without progress (a writer may pause between two chunks)."""
-        gen.validated, gen.pending = gen.signature, None
+        gen.validated, gen.pending, gen.retry_at = gen.signature, None, 0.0
         if verdict.step is not None:
             gen.step_inside = verdict.step
         if not verdict.valid:
@@ -564,16 +627,26 @@ class JobTracker:
         gen.valid, gen.invalid_reason, gen.last_commit = True, None, None
         self._writing = any(g.state == WRITING for g in self._gens.values())
 
-    def retry_validation(self, request: ValidationRequest) -> None:
-        """The generation moved while it was read: ask again on the next scan."""
+    def retry_validation(self, request: ValidationRequest, not_before: float = 0.0) -> None:
+        """No verdict: the generation moved while it was read (ask again on the next scan), or
+        its checks could not run (ask again at ``not_before``)."""
         gen = self._gens.get((request.tier, request.generation))
         if gen is not None and gen.pending == request.signature:
-            gen.pending = None
+            gen.pending, gen.retry_at = None, not_before
+            if not_before:
+                self._next_retry = min(self._next_retry or not_before, not_before)
+
+    def validation_retry_due(self, now: float) -> bool:
+        """A generation left unchecked is due to be asked again (the scanner rescans it)."""
+        if self._next_retry is None or now < self._next_retry:
+            return False
+        self._next_retry = None
+        return True
 
     def _verdict(self, gen: _Gen, verdict: Verdict) -> None:
         first_verdict_of_history = gen.history and gen.validated is None
         gen.valid, gen.invalid_reason = verdict.valid, verdict.reason
-        gen.validated, gen.pending = gen.signature, None
+        gen.validated, gen.pending, gen.retry_at = gen.signature, None, 0.0
         if verdict.step is not None:
             gen.step_inside = verdict.step
         if not verdict.valid and verdict.reason and not first_verdict_of_history:

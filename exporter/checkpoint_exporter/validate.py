@@ -7,6 +7,7 @@ Everything is read through ``fsread`` (read-only, no symlinks, no FIFOs).
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import struct
@@ -47,6 +48,9 @@ class Verdict:
     reason: str | None = None  # one of REASONS when invalid
     detail: str = ""
     step: int | None = None  # a step read inside the generation, where its name has none
+    # No verdict: the checks could not run for a reason that is not the checkpoint's (I/O
+    # trouble, the metadata parser unavailable or over its memory). Asked again later.
+    unchecked: bool = False
 
 
 VALID = Verdict(True)
@@ -64,6 +68,29 @@ class _Invalid(Exception):
     def __init__(self, reason: str, detail: str):
         super().__init__(detail)
         self.verdict = Verdict(False, reason, detail)
+
+
+class _Unchecked(Exception):
+    """The check could not run: not the checkpoint's fault, no verdict."""
+
+
+# The file cannot be what the checkpoint names (a directory or a symlink in its way, a name
+# too long): as good as missing.
+_NOT_THERE = frozenset({errno.ENOTDIR, errno.EISDIR, errno.ELOOP, errno.ENAMETOOLONG})
+
+
+def _failed(error: OSError | UnicodeError, label: str, reason: str) -> Exception:
+    """What an error met while checking ``label`` says, and about whom."""
+    if isinstance(error, UnicodeError):
+        return _Invalid(BAD_METADATA, f"names a path no filesystem can hold: {label!r}")
+    if isinstance(error, PermissionError):
+        return error  # the exporter's user may not read it: skipped and said (validate)
+    if isinstance(error, FileNotFoundError) or error.errno in _NOT_THERE:
+        return _Invalid(MISSING_SHARD, f"{label} is missing ({error.strerror or error})")
+    if isinstance(error, fsread.NotRegularFile):
+        return _Invalid(MISSING_SHARD, f"{label} is not a regular file")
+    # EIO, ESTALE, a timeout: the storage's trouble, or ours, not proof about the checkpoint.
+    return _Unchecked(f"{label}: {error.strerror or error}")
 
 
 def validate(root: str, checks: Sequence[Check], limits: Limits | None = None) -> Verdict:
@@ -91,6 +118,8 @@ def validate(root: str, checks: Sequence[Check], limits: Limits | None = None) -
             step = read if step is None and isinstance(read, int) else step
     except _Invalid as invalid:
         return invalid.verdict
+    except _Unchecked as unchecked:
+        return Verdict(False, None, f"not checked: {unchecked}", unchecked=True)
     if unreadable:
         detail = "not readable by the exporter, not checked: " + ", ".join(unreadable[:5])
         return Verdict(True, detail=detail, step=step)
@@ -107,8 +136,8 @@ def _size(path: str, relative: str, listed: dict[str, int]) -> int:
         return listed[relative]
     try:
         return os.lstat(os.path.join(path, relative)).st_size
-    except FileNotFoundError:
-        raise _Invalid(MISSING_SHARD, f"{relative} is missing") from None
+    except (OSError, UnicodeError) as error:
+        raise _failed(error, relative, MISSING_SHARD) from None
 
 
 def _dcp(path: str, check: Check, limits: Limits) -> None:
@@ -118,10 +147,12 @@ def _dcp(path: str, check: Check, limits: Limits) -> None:
             metadata = dcp_metadata.read(
                 os.path.join(path, name), limits.metadata_bytes, limits.metadata_parser
             )
-        except FileNotFoundError:
-            raise _Invalid(MISSING_SHARD, f"{name} is missing") from None
-        except (dcp_metadata.MetadataError, OSError) as error:
+        except dcp_metadata.ParserUnavailable as error:
+            raise _Unchecked(f"{name}: {error}") from None
+        except dcp_metadata.MetadataError as error:
             raise _Invalid(BAD_METADATA, f"{name}: {error}") from None
+        except (OSError, UnicodeError) as error:
+            raise _failed(error, name, BAD_METADATA) from None
         listed = _listed_sizes(check.listing)
         for relative, needed in sorted(metadata.shards.items()):
             size = _size(path, relative, listed)
@@ -137,10 +168,8 @@ def _dcp(path: str, check: Check, limits: Limits) -> None:
 def _zip(path: str, check: Check, limits: Limits) -> None:
     try:
         tail, size = fsread.read_tail(path, _ZIP_TAIL)
-    except FileNotFoundError:
-        raise _Invalid(MISSING_SHARD, f"{check.path} is missing") from None
     except OSError as error:
-        raise _Invalid(BAD_ZIP, f"{check.path}: {error}") from None
+        raise _failed(error, check.path, BAD_ZIP) from None
     if _end_record(tail, size) is None:
         raise _Invalid(BAD_ZIP, f"{check.path} has no zip end-of-central-directory record")
 
@@ -150,10 +179,8 @@ def _zip_step(path: str, check: Check, limits: Limits) -> int | None:
     on one descriptor: a file renamed over meanwhile cannot lend its step to the checked one."""
     try:
         fd = fsread.open_regular(path)
-    except FileNotFoundError:
-        raise _Invalid(MISSING_SHARD, f"{check.path} is missing") from None
     except OSError as error:
-        raise _Invalid(BAD_ZIP, f"{check.path}: {error}") from None
+        raise _failed(error, check.path, BAD_ZIP) from None
     try:
         size = os.fstat(fd).st_size
         start = max(0, size - _ZIP_TAIL)
@@ -161,7 +188,7 @@ def _zip_step(path: str, check: Check, limits: Limits) -> int | None:
             raise _Invalid(BAD_ZIP, f"{check.path} has no zip end-of-central-directory record")
         return ckpt_step.step_in(fd, size)
     except OSError as error:
-        raise _Invalid(BAD_ZIP, f"{check.path}: {error}") from None
+        raise _failed(error, check.path, BAD_ZIP) from None
     finally:
         os.close(fd)
 
@@ -189,8 +216,8 @@ def _end_record(tail: bytes, size: int) -> tuple[int, int] | None:
 def _safetensors(path: str, check: Check, limits: Limits) -> None:
     try:
         fd = fsread.open_regular(path)
-    except FileNotFoundError:
-        raise _Invalid(MISSING_SHARD, f"{check.path} is missing") from None
+    except OSError as error:
+        raise _failed(error, check.path, MISSING_SHARD) from None
     try:
         size = os.fstat(fd).st_size
         head = os.pread(fd, 8, 0)
@@ -217,10 +244,14 @@ def _safetensors(path: str, check: Check, limits: Limits) -> None:
 
 def _json(path: str, label: str) -> object:
     try:
-        return json_value(fsread.read_bytes(path, _JSON_LIMIT))
-    except FileNotFoundError:
-        raise _Invalid(MISSING_SHARD, f"{label} is missing") from None
-    except (OSError, ValueError) as error:
+        data = fsread.read_bytes(path, _JSON_LIMIT)
+    except OSError as error:
+        raise _failed(error, label, BAD_METADATA) from None
+    except ValueError as error:  # over the size limit
+        raise _Invalid(BAD_METADATA, f"{label}: {error}") from None
+    try:
+        return json_value(data)
+    except ValueError as error:
         raise _Invalid(BAD_METADATA, f"{label}: {error}") from None
 
 
@@ -256,8 +287,8 @@ def _integrity(path: str, check: Check, limits: Limits) -> None:
             raise _Invalid(BAD_METADATA, f"integrity.json names {name!r}, outside the checkpoint")
         try:
             actual = _sha256(os.path.join(path, name), limits.checksum_bytes_per_second)
-        except FileNotFoundError:
-            raise _Invalid(MISSING_SHARD, f"{name} is missing") from None
+        except (OSError, UnicodeError) as error:
+            raise _failed(error, name, MISSING_SHARD) from None
         if actual != str(expected).lower():
             raise _Invalid(CHECKSUM, f"{name}: sha256 {actual} does not match the manifest")
 
