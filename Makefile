@@ -38,8 +38,13 @@ tests/k8s/node_modules: tests/k8s/package-lock.json
 	npm ci --prefix tests/k8s --no-audit --no-fund --loglevel=error
 	@touch $@
 
+# Two runs: the suite, then the writers tier (tests marked `writers`: real checkpoint libraries
+# under a live exporter), three tests at a time since each spends most of its time waiting out
+# deadlines and settle periods.
+WRITERS_WORKERS ?= 3
 test: venv toolchain writers tests/k8s/node_modules
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not writers" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m writers -n $(WRITERS_WORKERS) $(PYTEST_ARGS)
 
 lint: venv
 	$(BIN)/ruff check $(CODE)

@@ -90,7 +90,7 @@ class Driver:
             self.stderr.append(line)
             del self.stderr[:-200]
 
-    def command(self, verb: str, expect: str, timeout: float = 300) -> dict:
+    def command(self, verb: str, expect: str, timeout: float = 150) -> dict:
         assert self.process.stdin is not None
         self.process.stdin.write(verb + "\n")
         self.process.stdin.flush()
@@ -109,10 +109,10 @@ class Driver:
             f"(exit {self.process.poll()}):\n" + "".join(self.stderr[-60:])
         )
 
-    def save(self, timeout: float = 300) -> dict:
+    def save(self, timeout: float = 150) -> dict:
         return self.command("save", "saved", timeout)
 
-    def hang(self, timeout: float = 300) -> dict:
+    def hang(self, timeout: float = 150) -> dict:
         return self.command("hang", "hanging", timeout)
 
     def kill(self) -> None:

@@ -18,8 +18,12 @@ def say(event: str, **fields: object) -> None:
 
 def hang_here(step: int | None, path: str, what: str) -> None:
     """The save stops here for good: bytes are on disk, the library's commit is not reached.
-    The test SIGKILLs the process group, as the scheduler would on a node failure."""
-    say("hanging", step=step, path=path, what=what)
+    The test SIGKILLs the process group, as the scheduler would on a node failure.
+
+    Written with one os.write, not print: this may run in a writer process forked from a
+    threaded parent (megatron-core's), where a lock held at the fork would block print."""
+    line = json.dumps({"event": "hanging", "step": step, "path": path, "what": what}) + "\n"
+    os.write(1, line.encode())
     while True:
         time.sleep(3600)
 
