@@ -8,11 +8,13 @@ PYTEST_ARGS ?=
 CODE := exporter tests bench
 
 .DEFAULT_GOAL := help
-.PHONY: help venv toolchain writers test lint generate bench fuzz demo clean
+.PHONY: help venv toolchain writers test test-fast lint generate bench fuzz demo clean
 
 help:
 	@echo "make demo      a simulated cluster watched by the exporter; prints the URLs"
 	@echo "make test      set up (virtualenv, package, Prometheus toolchain) and run the tests"
+	@echo "make test-fast the in-process tests only (layouts, listing, tracker, validation, config,"
+	@echo "               plan, metrics, landing page): under a minute, no root, no toolchain"
 	@echo "make generate  rebuild the committed generated files"
 	@echo "make bench     run the benchmarks (bench/), write bench/results/"
 	@echo "make fuzz      10,000 hostile inputs per untrusted-input reader; crashes join the corpus"
@@ -45,6 +47,16 @@ WRITERS_WORKERS ?= 3
 test: venv toolchain writers tests/k8s/node_modules
 	$(BIN)/python -m pytest -m "not writers" $(PYTEST_ARGS)
 	$(BIN)/python -m pytest -m writers -n $(WRITERS_WORKERS) $(PYTEST_ARGS)
+
+# The inner loop: tests that run in this process or start only the metadata parser; nothing
+# needs root, a real library, Prometheus or a network namespace. make test is what CI runs.
+FAST_TESTS := tests/test_layouts.py tests/test_layout_*.py tests/test_listing.py \
+	tests/test_tracker.py tests/test_change_detection.py tests/test_validate.py \
+	tests/test_dcp_metadata.py tests/test_clocks.py tests/test_config.py tests/test_units.py \
+	tests/test_plan.py tests/test_metrics.py tests/test_landing.py tests/test_metadata_worker.py \
+	tests/test_inotify.py
+test-fast: venv
+	$(BIN)/python -m pytest -m "not writers" -k "not unreadable_job_path" $(FAST_TESTS) $(PYTEST_ARGS)
 
 lint: venv
 	$(BIN)/ruff check $(CODE)
