@@ -25,8 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from checkpoint_exporter import ckpt_step
-from checkpoint_exporter.layouts.base import DCP, ZIP, Check
-from checkpoint_exporter.layouts.lightning import ZIP_STEP
+from checkpoint_exporter.layouts.base import DCP, ZIP, ZIP_STEP, Check
 from checkpoint_exporter.model import WRITING
 from checkpoint_exporter.validate import BAD_ZIP, MISSING_SHARD, Verdict, validate
 from tests.helpers.trees import BASE, build, scan

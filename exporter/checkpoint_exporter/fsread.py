@@ -75,14 +75,3 @@ def read_open(fd: int, limit: int, name: str) -> bytes:
     if len(data) > limit:
         raise ValueError(f"{name} grew above the {limit}-byte limit while read")
     return data
-
-
-def read_tail(path: str | os.PathLike[str], count: int) -> tuple[bytes, int]:
-    """The last ``count`` bytes of a file and the file's size."""
-    fd = open_regular(path)
-    try:
-        size = os.fstat(fd).st_size
-        start = max(0, size - count)
-        return os.pread(fd, size - start, start), size
-    finally:
-        os.close(fd)

@@ -12,7 +12,7 @@ import hashlib
 import os
 import struct
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from checkpoint_exporter import ckpt_step, dcp_metadata, fsread
@@ -23,9 +23,9 @@ from checkpoint_exporter.layouts.base import (
     SAFETENSORS,
     SAFETENSORS_INDEX,
     ZIP,
+    ZIP_STEP,
     Check,
 )
-from checkpoint_exporter.layouts.lightning import ZIP_STEP
 from checkpoint_exporter.listing import Dir
 from checkpoint_exporter.untrusted import json_value
 
@@ -166,17 +166,19 @@ def _dcp(path: str, check: Check, limits: Limits) -> None:
 
 
 def _zip(path: str, check: Check, limits: Limits) -> None:
-    try:
-        tail, size = fsread.read_tail(path, _ZIP_TAIL)
-    except OSError as error:
-        raise _failed(error, check.path, BAD_ZIP) from None
-    if _end_record(tail, size) is None:
-        raise _Invalid(BAD_ZIP, f"{check.path} has no zip end-of-central-directory record")
+    _whole_zip(path, check)
 
 
 def _zip_step(path: str, check: Check, limits: Limits) -> int | None:
     """The zip check, then the ``global_step`` inside (``ckpt_step``, never unpickled), both
     on one descriptor: a file renamed over meanwhile cannot lend its step to the checked one."""
+    return _whole_zip(path, check, ckpt_step.step_in)
+
+
+def _whole_zip(
+    path: str, check: Check, then: Callable[[int, int], int | None] | None = None
+) -> int | None:
+    """A torch.save zip must end in its end record; ``then(fd, size)`` reads on from there."""
     try:
         fd = fsread.open_regular(path)
     except OSError as error:
@@ -186,7 +188,7 @@ def _zip_step(path: str, check: Check, limits: Limits) -> int | None:
         start = max(0, size - _ZIP_TAIL)
         if _end_record(os.pread(fd, size - start, start), size) is None:
             raise _Invalid(BAD_ZIP, f"{check.path} has no zip end-of-central-directory record")
-        return ckpt_step.step_in(fd, size)
+        return then(fd, size) if then is not None else None
     except OSError as error:
         raise _failed(error, check.path, BAD_ZIP) from None
     finally:

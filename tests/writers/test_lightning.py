@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from checkpoint_exporter.layouts.lightning import ZIP_STEP
+from checkpoint_exporter.layouts.base import ZIP_STEP
 from checkpoint_exporter.validate import Verdict, validate
 from tests.conftest import parse_samples
 from tests.helpers.trees import scan

@@ -24,19 +24,12 @@ class DaemonCollector(metrics.SnapshotCollector):
             scans = metrics.SCAN_DURATION.family()
             metrics.add_histogram(scans, [], daemon.scans)
             out.append(scans)
-        events = metrics.SPOOL_EVENTS.family()
-        for event, count in daemon.spool_events:
-            events.add_metric([event], count)
-        invalid = metrics.SPOOL_INVALID.family()
-        for reason, count in daemon.spool_invalid:
-            invalid.add_metric([reason], count)
-        dropped = metrics.SPOOL_DROPPED.family()
-        for reason, count in daemon.spool_dropped:
-            dropped.add_metric([reason], count)
-        dropped_bytes = metrics.SPOOL_DROPPED_BYTES.family()
-        for reason, count in daemon.spool_dropped_bytes:
-            dropped_bytes.add_metric([reason], count)
-        out += [events, invalid, dropped, dropped_bytes]
+        out += [
+            _by_label(metrics.SPOOL_EVENTS, daemon.spool_events),
+            _by_label(metrics.SPOOL_INVALID, daemon.spool_invalid),
+            _by_label(metrics.SPOOL_DROPPED, daemon.spool_dropped),
+            _by_label(metrics.SPOOL_DROPPED_BYTES, daemon.spool_dropped_bytes),
+        ]
         out.append(metrics.SPOOL_BACKLOG.single(daemon.spool_backlog_bytes))
         out.append(metrics.SPOOL_POLL_SECONDS.single(daemon.spool_poll_seconds))
         excess = metrics.DISCOVER_EXCESS.family()
@@ -44,3 +37,11 @@ class DaemonCollector(metrics.SnapshotCollector):
             excess.add_metric([root], count)
         out.append(excess)
         return out
+
+
+def _by_label(spec: metrics.MetricSpec, counts: tuple[tuple[str, float], ...]) -> Metric:
+    """One family with a sample per (label value, count)."""
+    family = spec.family()
+    for value, count in counts:
+        family.add_metric([value], count)
+    return family

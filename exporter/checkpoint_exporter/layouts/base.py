@@ -19,6 +19,9 @@ ZIP = "zip"  # torch.save zip: end-of-central-directory record present
 SAFETENSORS = "safetensors"  # header parses and its data fits in the file
 SAFETENSORS_INDEX = "safetensors_index"  # every shard the index names exists
 INTEGRITY = "integrity"  # Megatron integrity.json sha256, when the job opts in
+# The zip check, and the ``global_step`` read inside the zip (returned as Verdict.step): for a
+# file whose name has no step (Lightning's last.ckpt).
+ZIP_STEP = "zip_step"
 
 
 @dataclass(frozen=True, eq=False)

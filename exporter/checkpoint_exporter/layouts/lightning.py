@@ -56,6 +56,7 @@ from checkpoint_exporter.layouts.base import (
     DCP,
     WRITING,
     ZIP,
+    ZIP_STEP,
     Check,
     Found,
     Layout,
@@ -70,9 +71,6 @@ from checkpoint_exporter.listing import FILE, Dir
 NAME = "lightning"
 SUFFIX = ".ckpt"
 META = "meta.pt"  # a sharded checkpoint's non-tensor state, written after the DCP save
-# Check kind: a torch.save zip's end record, and the ``global_step`` read inside it (validate.py
-# returns it as Verdict.step). For files whose name has no step.
-ZIP_STEP = "zip_step"
 _STEP = re.compile(r"(?<!\w)step=(\d+)")  # `epoch=3-step=1000`, not `global_step=`
 
 
