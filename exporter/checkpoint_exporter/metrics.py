@@ -294,6 +294,13 @@ FILESYSTEM_RESERVE = MetricSpec(
     "Share of the filesystem to keep free: the largest capacity_reserve of the jobs on it.",
     _FS,
 )
+FILESYSTEM_DEVICE_ERROR = MetricSpec(
+    "checkpoint_filesystem_device_error",
+    "gauge",
+    "1 when statvfs on the filesystem failed or did not answer within its time budget "
+    "(size and avail then hold the last values read).",
+    _FS,
+)
 JOB_FILESYSTEM_INFO = MetricSpec(
     "checkpoint_job_filesystem_info",
     "gauge",
@@ -431,6 +438,47 @@ SPOOL_POLL_SECONDS = MetricSpec(
     "counter",
     "Time spent listing and reading the spool (rate() is the share of a core it costs).",
 )
+READY = MetricSpec(
+    "checkpoint_exporter_ready",
+    "gauge",
+    "1 once every watched tier has had its first full pass; until then the job series are partial.",
+)
+FIRST_SCAN_DONE = MetricSpec(
+    "checkpoint_exporter_first_scan_done",
+    "gauge",
+    "1 once the tier's first full pass finished.",
+    ("training_job", "tier"),
+)
+FIRST_SCAN_ENTRIES = MetricSpec(
+    "checkpoint_exporter_first_scan_entries",
+    "gauge",
+    "Directory entries read so far by the tier's first full pass (its progress).",
+    ("training_job", "tier"),
+)
+MOUNT_STUCK = MetricSpec(
+    "checkpoint_exporter_mount_stuck",
+    "gauge",
+    "1 while a filesystem operation on the mount has run past its time budget (a hung mount); "
+    "the jobs on it are not updated meanwhile, every other job is.",
+    ("mountpoint",),
+)
+LAST_SCAN_SUCCESS = MetricSpec(
+    "checkpoint_exporter_last_scan_success_timestamp_seconds",
+    "gauge",
+    "When the tier's view was last confirmed current: a pass, or for a watched tier a probe of "
+    "its mount. time() minus this is the age of the job's series.",
+    ("training_job", "tier"),
+)
+CONFIG_RELOAD_SUCCESSFUL = MetricSpec(
+    "checkpoint_exporter_config_last_reload_successful",
+    "gauge",
+    "1 if the last configuration load (start or SIGHUP) succeeded.",
+)
+CONFIG_RELOAD_SUCCESS_TIME = MetricSpec(
+    "checkpoint_exporter_config_last_reload_success_timestamp_seconds",
+    "gauge",
+    "When the configuration was last loaded successfully.",
+)
 DISCOVER_EXCESS = MetricSpec(
     "checkpoint_exporter_discover_excess_jobs",
     "gauge",
@@ -476,6 +524,7 @@ ALL: tuple[MetricSpec, ...] = (
     FILESYSTEM_SIZE,
     FILESYSTEM_AVAIL,
     FILESYSTEM_RESERVE,
+    FILESYSTEM_DEVICE_ERROR,
     JOB_FILESYSTEM_INFO,
     DRAIN_BACKLOG_BYTES,
     DRAIN_BACKLOG_GENERATIONS,
@@ -498,6 +547,13 @@ ALL: tuple[MetricSpec, ...] = (
     SPOOL_DROPPED_BYTES,
     SPOOL_BACKLOG,
     SPOOL_POLL_SECONDS,
+    READY,
+    FIRST_SCAN_DONE,
+    FIRST_SCAN_ENTRIES,
+    MOUNT_STUCK,
+    LAST_SCAN_SUCCESS,
+    CONFIG_RELOAD_SUCCESSFUL,
+    CONFIG_RELOAD_SUCCESS_TIME,
     DISCOVER_EXCESS,
 )
 

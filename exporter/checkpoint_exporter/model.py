@@ -121,6 +121,9 @@ class JobState:
     # checkpoint_last_committed_valid: the newest committed generation's verdict, or while that
     # one is being validated, the verdict it had before (None: nothing judged yet).
     last_committed_valid: bool | None = None
+    # Raised by the core whenever anything above changes: the exposition re-renders a job only
+    # when its version moved.
+    version: int = 0
 
 
 def newest_committed(job: JobState) -> Generation | None:
@@ -152,6 +155,15 @@ class DaemonState:
     spool_backlog_bytes: int = 0
     spool_poll_seconds: float = 0.0  # time spent reading the spool, all polls together
     discover_excess: tuple[tuple[str, int], ...] = ()  # (root, subdirectories over max_jobs)
+    # Readiness: every watched tier has had its first full pass (the port opens before that).
+    ready: bool = False
+    first_scans: tuple[tuple[str, str, bool, int], ...] = ()  # (job, tier, done, entries read)
+    mounts: tuple[tuple[str, bool], ...] = ()  # (mountpoint, stuck: a pass over its time budget)
+    # (job, tier, wall time): when this tier's view was last confirmed current (a pass, or for a
+    # watched tier, a probe of its mount) -- the age of what the job's series say.
+    scan_success: tuple[tuple[str, str, float], ...] = ()
+    config_reload_successful: bool = True
+    config_reload_success_time: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -162,6 +174,10 @@ class FilesystemState:
     size_bytes: int
     avail_bytes: int
     reserve_ratio: float  # the largest capacity_reserve among the jobs on it
+    # statvfs did not answer within its time budget (a hung mount) or failed: size and avail are
+    # the last values read, as of checked_at.
+    device_error: bool = False
+    checked_at: float = 0.0
 
 
 @dataclass(frozen=True)
