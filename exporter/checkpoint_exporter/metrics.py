@@ -23,6 +23,7 @@ from prometheus_client.registry import CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
 from checkpoint_exporter import __version__
+from checkpoint_exporter.errors import NoDataError
 from checkpoint_exporter.model import HistogramState, Snapshot
 
 log = logging.getLogger(__name__)
@@ -556,13 +557,6 @@ ALL: tuple[MetricSpec, ...] = (
     CONFIG_RELOAD_SUCCESS_TIME,
     DISCOVER_EXCESS,
 )
-
-
-class NoDataError(Exception):
-    """Raised by a collector with nothing to report (no GPU, no InfiniBand).
-
-    Reported as success 0, logged at debug level; it is not a failed scrape.
-    """
 
 
 class SnapshotCollector:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from checkpoint_exporter.metrics import NoDataError
+from checkpoint_exporter.errors import NoDataError
 from checkpoint_exporter.telemetry.base import Sample, read_text
 
 SECTOR = 512  # diskstats counts 512-byte sectors whatever the device's own sector size

@@ -12,7 +12,7 @@ import logging
 import time
 from typing import Any
 
-from checkpoint_exporter.metrics import NoDataError
+from checkpoint_exporter.errors import NoDataError
 from checkpoint_exporter.telemetry.base import Sample
 
 log = logging.getLogger(__name__)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from checkpoint_exporter.metrics import NoDataError
+from checkpoint_exporter.errors import NoDataError
 from checkpoint_exporter.telemetry.base import Sample, read_int, read_text
 
 _RATE = re.compile(r"([\d.]+)\s*Gb/sec")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psutil
 
-from checkpoint_exporter.metrics import NoDataError
+from checkpoint_exporter.errors import NoDataError
 from checkpoint_exporter.telemetry.base import Sample, read_int, read_text
 
 ARPHRD_INFINIBAND = 32

@@ -8,7 +8,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from checkpoint_exporter.metrics import NoDataError
+from checkpoint_exporter.errors import NoDataError
 from checkpoint_exporter.telemetry.base import Sample
 from checkpoint_exporter.telemetry.ring import Ring
 
