@@ -3,32 +3,49 @@ library's own error classes, window arithmetic, and the whole chain through a re
 
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 import json
 import logging
 import os
 import sys
+import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from checkpoint_exporter import instrument
+from checkpoint_exporter.config import Config, PathsConfig, TelemetryConfig
 from checkpoint_exporter.correlate import counter_delta, gauge_mean, peak_rate
 from checkpoint_exporter.metrics import NoDataError
 from checkpoint_exporter.telemetry import gpu as gpu_module
 from checkpoint_exporter.telemetry.disk import DiskSource, parse_diskstats, resolve
+from checkpoint_exporter.telemetry.filesystem import (
+    CapacityMonitor,
+    ProbeState,
+    Reading,
+    Target,
+    capacity_of,
+)
 from checkpoint_exporter.telemetry.gpu import GpuSource
 from checkpoint_exporter.telemetry.infiniband import InfinibandSource
-from checkpoint_exporter.telemetry.net import NetSource
+from checkpoint_exporter.telemetry.net import NetSource, parse_net_dev
+from checkpoint_exporter.telemetry.node import NodeTelemetry
 from checkpoint_exporter.telemetry.ring import Ring
 from checkpoint_exporter.telemetry.sampler import Sampler
+from checkpoint_exporter.watch import Mount
 from tests.conftest import REPO, Exporter, sample, wait_for, write_config
-from tests.helpers.node import FakeNode
+from tests.helpers.node import NET_DEV_HEADER, FakeNode
 from tests.helpers.trees import dcp_generation
+
+pytestmark = [pytest.mark.root]
 
 FAKES = REPO / "tests" / "fakes"
 MB = 1e6
+TMPFS_BYTES = 64 << 20
 
 
 @pytest.fixture
@@ -36,6 +53,22 @@ def node(tmp_path: Path) -> FakeNode:
     mountpoint = tmp_path / "ckpt"
     mountpoint.mkdir()
     return FakeNode(tmp_path / "node", mountpoint).build()
+
+
+@pytest.fixture
+def private_disk(node: FakeNode) -> Iterator[Path]:
+    """The fixture node's mountpoint on a tmpfs of a known size, which only the test writes to:
+    its capacity is not what other processes on the machine happen to do to a shared disk."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    libc = ctypes.CDLL(None, use_errno=True)
+    mountpoint = str(node.mountpoint).encode()
+    if libc.mount(b"tmpfs", mountpoint, b"tmpfs", 0, f"size={TMPFS_BYTES}".encode()):
+        raise OSError(ctypes.get_errno(), "mount tmpfs")
+    try:
+        yield node.mountpoint
+    finally:
+        libc.umount2(mountpoint, 2)  # MNT_DETACH
 
 
 # --- window arithmetic ---------------------------------------------------------------------
@@ -79,6 +112,92 @@ def test_network_devices_bond_and_ipoib(node: FakeNode) -> None:
         NetSource(node.procfs, node.sysfs, "^wlan", skip_ipoib=True).sample()
 
 
+def test_a_probe_over_its_budget_or_failing_is_a_device_error_with_the_last_values() -> None:
+    last = Reading(1000, 400, 50.0)
+    blocked = ProbeState(Target("/m", "/m/job", "dev", "fs"), last, in_flight_since=100.0)
+    within, overrun = capacity_of(blocked, 105.0, 5.0), capacity_of(blocked, 105.1, 5.0)
+    assert not within.device_error and (within.size_bytes, within.avail_bytes) == (1000, 400)
+    assert overrun.device_error and (overrun.avail_bytes, overrun.checked_at) == (400, 50.0)
+    failed = capacity_of(ProbeState(blocked.target, last, failed="Stale file handle"), 0, 5.0)
+    assert failed.device_error and failed.size_bytes == 1000
+
+
+def test_a_filesystem_whose_statvfs_fails_is_reported_never_read(tmp_path: Path) -> None:
+    monitor = CapacityMonitor()
+    monitor.add(Target("/m", str(tmp_path / "gone"), "dev", "fs"))
+    (never,) = wait_for(monitor.capacities)
+    assert (never.device_error, never.checked_at, never.size_bytes) == (True, 0.0, 0)
+
+
+def test_a_mount_not_yet_read_is_not_reported_as_empty(tmp_path: Path) -> None:
+    monitor = CapacityMonitor()
+    monitor.close()  # so the first probe never starts: the mount stays "not yet read"
+    monitor.add(Target("/m", str(tmp_path), "dev", "fs"))
+    assert monitor.capacities() == []
+
+
+def test_net_dev_parses_as_psutil_reads_it(tmp_path: Path, monkeypatch) -> None:
+    """The counters psutil gave from the same file, so the metrics are unchanged."""
+    kernel = NET_DEV_HEADER + (
+        "    lo:    1000      10    0    0    0     0          0         0     1000      10    0"
+        "    0    0     0       0          0\n"
+        "  eth0:12345678901234 99 0 0 0 0 0 0 98765432109876 77 0 0 0 0 0 0\n"  # no space
+        "  eth1: 5 1 0 0 0 0 0 0 6 1 0 0 0 0 0 0\n"
+    )
+    expected = {"lo": (1000, 1000), "eth0": (12345678901234, 98765432109876), "eth1": (5, 6)}
+    assert parse_net_dev(kernel) == expected
+    assert parse_net_dev(kernel + "torn line without a colon\n  eth2: 12") == expected
+    (tmp_path / "net").mkdir()
+    (tmp_path / "net" / "dev").write_text(kernel)
+    monkeypatch.setattr(psutil, "PROCFS_PATH", str(tmp_path))  # what the exporter used to do
+    counters = psutil.net_io_counters(pernic=True, nowrap=False)
+    assert {n: (c.bytes_recv, c.bytes_sent) for n, c in counters.items()} == expected
+
+
+def test_sampling_writes_no_process_wide_global(node: FakeNode) -> None:
+    before = psutil.PROCFS_PATH
+    NetSource(node.procfs, node.sysfs, "^eth", skip_ipoib=True).sample()
+    assert before == psutil.PROCFS_PATH  # another user of psutil in the process still sees /proc
+
+
+class _Interleaving(str):
+    """A device name that runs ``during`` (once) when its hash is next taken: sample() takes it
+    while iterating the device set, so ``during`` runs exactly mid-iteration."""
+
+    during: Callable[[], None] | None = None
+
+    def __hash__(self) -> int:
+        during, self.during = self.during, None
+        if during is not None:
+            during()
+        return str.__hash__(self)
+
+
+def test_a_path_placed_while_the_sampler_reads_the_device_set(
+    node: FakeNode, caplog: pytest.LogCaptureFixture
+) -> None:
+    (node.sysfs / "dev/block/8:2").symlink_to("../../devices/pci0000:00/sda/sda2")
+    paths = PathsConfig(procfs=node.procfs, sysfs=node.sysfs)
+    telemetry = NodeTelemetry(Config(paths=paths, telemetry=TelemetryConfig(gpu="off")))
+    watched = _Interleaving("dm-0")
+    telemetry.disk.add(watched)
+
+    def the_scanner_places_a_path_on_sda2() -> None:
+        mount = Mount(str(node.mountpoint), "/dev/sda2", "ext4", "8:2")
+        scanner = threading.Thread(target=telemetry.place, args=(str(node.mountpoint), mount))
+        scanner.start()
+        scanner.join()
+
+    watched.during = the_scanner_places_a_path_on_sda2
+    telemetry.sampler.sample_once()
+    assert watched.during is None  # the scanner did run mid-iteration
+    assert dict(telemetry.available())["disk"], telemetry.sampler.errors
+    assert "failed" not in caplog.text  # Set changed size during iteration, before
+    telemetry.sampler.sample_once()
+    assert set(telemetry.sampler.series("disk", "written_bytes")) == {"dm-0", "sda2"}
+    telemetry.stop()
+
+
 def test_infiniband_counters_are_four_octet_units(node: FakeNode) -> None:
     source = InfinibandSource(node.sysfs)
     values = source.sample()
@@ -96,7 +215,7 @@ def test_block_devices_behind_a_mount(node: FakeNode) -> None:
     source = DiskSource(node.procfs)
     with pytest.raises(NoDataError):
         source.sample()  # no watched path on a block device yet
-    source.devices.add("dm-0")
+    source.add("dm-0")
     assert source.sample() == {("dm-0", "written_bytes"): 1_000_000 // 512 * 512}
 
 
@@ -105,7 +224,7 @@ def test_sampled_counters_give_the_bytes_of_a_window(node: FakeNode) -> None:
     clock = [1000.0]
     net = NetSource(node.procfs, node.sysfs, "^(eth|ib|bond)", skip_ipoib=True)
     disk = DiskSource(node.procfs)
-    disk.devices.add("dm-0")
+    disk.add("dm-0")
     sampler = Sampler([net, InfinibandSource(node.sysfs), disk], 1.0, 60, clock=lambda: clock[0])
     for _ in range(10):
         sampler.sample_once()
@@ -193,7 +312,9 @@ def test_nvml_disappearing_mid_run_is_reinitialised_when_back(fake_nvml, caplog)
 # --- the whole chain: a real exporter on the fixture node -------------------------------------
 
 
-def test_what_the_node_did_during_a_save(node: FakeNode, tmp_path: Path) -> None:
+def test_what_the_node_did_during_a_save(
+    node: FakeNode, private_disk: Path, tmp_path: Path
+) -> None:
     spool = tmp_path / "spool"
     nvml_state = tmp_path / "nvml.json"
     nvml_state.write_text(json.dumps({"init": "ok", "gpus": [{"util": 30, "memory_used": 1}] * 2}))
@@ -248,24 +369,22 @@ def test_what_the_node_did_during_a_save(node: FakeNode, tmp_path: Path) -> None
             50 * MB * window, rel=0.15
         )
         # mlx5_0 at 200 MB/s of 200 Gb/s is the busiest link: 1.6 / 200, where bond0 is at
-        # 0.8 / 200. A peak over 200 ms samples carries the sampling jitter.
-        assert value("checkpoint_last_save_network_peak_utilization_ratio") == pytest.approx(
-            0.008, rel=0.3
-        )
+        # 0.8 / 200. A peak is at least the busiest link's mean; above it by how much the fake
+        # node's counter thread, starved on a busy machine, catches up in one 200 ms sample.
+        peak = value("checkpoint_last_save_network_peak_utilization_ratio")
+        assert 0.008 * 0.85 <= peak <= 0.008 * 4
         assert value("checkpoint_last_save_gpu_utilization_ratio") == pytest.approx(0.80, abs=0.08)
         assert value("checkpoint_last_save_gpu_baseline_utilization_ratio") == pytest.approx(
             0.30, abs=0.08
         )
-        stats = os.statvfs(node.mountpoint)
         fs = {"mountpoint": str(node.mountpoint), "device": "/dev/mapper/vg-ckpt", "fstype": "xfs"}
-        assert (
-            sample(text, "checkpoint_filesystem_size_bytes", **fs)
-            == stats.f_blocks * stats.f_frsize
-        )
-        avail = sample(text, "checkpoint_filesystem_avail_bytes", **fs)
-        assert (
-            abs(avail - stats.f_bavail * stats.f_frsize) < 64 * MB
-        )  # others write to this disk too
+        assert sample(text, "checkpoint_filesystem_size_bytes", **fs) == TMPFS_BYTES
+        # Probed empty (when the job was placed) or after the generation was written, if a
+        # 15 s probe fell in between: only the test writes there.
+        stats = os.statvfs(private_disk)
+        assert sample(text, "checkpoint_filesystem_avail_bytes", **fs) in (
+            TMPFS_BYTES, stats.f_bavail * stats.f_frsize,
+        )  # fmt: skip
         assert sample(text, "checkpoint_filesystem_reserve_ratio", **fs) == 0.2
         assert sample(text, "checkpoint_job_filesystem_info", training_job="j", tier="durable",
                       mountpoint=str(node.mountpoint)) == 1  # fmt: skip

@@ -8,6 +8,7 @@ which counts what the filesystem wrote once, whatever RAID or LVM does below.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,20 +76,27 @@ class DiskSource:
 
     def __init__(self, procfs: Path):
         self.procfs = procfs
-        self.devices: set[str] = set()  # set by whoever knows which paths are watched
+        # Copy-on-write: the scanner adds devices while the sampler thread iterates them, so the
+        # set is never changed, only replaced (under the lock, so no addition is lost), and
+        # sample() reads the reference once.
+        self.devices: frozenset[str] = frozenset()
+        self._adding = threading.Lock()
+
+    def add(self, device: str) -> None:
+        """Sample a block device from the next sample on (whoever knows the watched paths)."""
+        with self._adding:
+            if device not in self.devices:
+                self.devices = self.devices | {device}
 
     def sample(self) -> Sample:
-        if not self.devices:
+        devices = self.devices
+        if not devices:
             raise NoDataError("no watched path is on a block device")
         text = read_text(self.procfs / "diskstats")
         if text is None:
             raise NoDataError("cannot read diskstats")
         written = parse_diskstats(text)
-        out = {
-            (name, "written_bytes"): float(written[name])
-            for name in self.devices
-            if name in written
-        }
+        out = {(name, "written_bytes"): float(written[name]) for name in devices if name in written}
         if not out:
             raise NoDataError("the backing devices are not in diskstats")
         return out

@@ -1,8 +1,10 @@
 """GPUs through NVML (nvidia-ml-py's ``pynvml``): utilisation, memory used, PCIe byte counters.
 
 No NVML library, no driver, a lost GPU, a call a device does not support: each is "no data",
-logged once, never a crash. Initialisation is retried every minute, so a driver loaded after the
-exporter started is picked up; a GPU that falls off the bus stops reporting and is logged once.
+logged once, never a crash. Initialisation is retried every RETRY_INIT_SECONDS (10 s) while it
+fails, so a driver loaded after the exporter started is picked up; a GPU that falls off the bus
+stops reporting and is logged once; when every GPU fails, NVML is shut down and initialised afresh
+on the same period.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from checkpoint_exporter.telemetry.base import Sample
 
 log = logging.getLogger(__name__)
 
-RETRY_INIT_SECONDS = 10.0  # nvmlInit failing costs a millisecond
+RETRY_INIT_SECONDS = 10.0  # between nvmlInit attempts (a failing one costs a millisecond)
 _PCIE_FIELDS = (("pcie_tx_bytes", 197), ("pcie_rx_bytes", 198))  # NVML_FI_DEV_PCIE_COUNT_*
 
 

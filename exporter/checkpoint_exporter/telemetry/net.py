@@ -1,4 +1,7 @@
-"""Network interfaces: byte counters (psutil, from procfs) and link speed (sysfs, Mbit/s).
+"""Network interfaces: byte counters (procfs net/dev) and link speed (sysfs, Mbit/s).
+
+net/dev is read below ``--path.procfs`` directly, as node_exporter's netdev collector reads it;
+psutil would need its process-wide PROCFS_PATH set to be pointed there.
 
 A bond and its slaves both match the usual device pattern; only the bond is counted, or its
 traffic would be counted twice. IPoIB interfaces are skipped while InfiniBand ports are sampled:
@@ -10,12 +13,26 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import psutil
-
 from checkpoint_exporter.errors import NoDataError
 from checkpoint_exporter.telemetry.base import Sample, read_int, read_text
 
 ARPHRD_INFINIBAND = 32
+
+
+def parse_net_dev(text: str) -> dict[str, tuple[int, int]]:
+    """Interface -> (bytes received, bytes transmitted), from procfs net/dev.
+
+    After two header lines, one line an interface: its name and ':' (a large first counter may
+    follow it without a space), 8 receive fields (bytes first), then 8 transmit fields (bytes
+    first). A line that does not parse is skipped.
+    """
+    out = {}
+    for line in text.splitlines()[2:]:
+        name, colon, counters = line.rpartition(":")
+        fields = counters.split()
+        if colon and len(fields) >= 9 and fields[0].isdigit() and fields[8].isdigit():
+            out[name.strip()] = (int(fields[0]), int(fields[8]))
+    return out
 
 
 class NetSource:
@@ -50,15 +67,15 @@ class NetSource:
         return mbits * 1e6 if mbits > 0 else None
 
     def sample(self) -> Sample:
-        psutil.PROCFS_PATH = str(self.procfs)
-        try:
-            counters = psutil.net_io_counters(pernic=True, nowrap=False)
-        except (OSError, RuntimeError) as error:
-            raise NoDataError(f"cannot read network counters: {error}") from None
+        text = read_text(self.procfs / "net" / "dev")
+        if text is None:
+            raise NoDataError(f"cannot read {self.procfs / 'net' / 'dev'}")
+        counters = parse_net_dev(text)
         out: Sample = {}
         for name in self.devices(sorted(counters)):
-            out[(name, "tx_bytes")] = float(counters[name].bytes_sent)
-            out[(name, "rx_bytes")] = float(counters[name].bytes_recv)
+            received, sent = counters[name]
+            out[(name, "tx_bytes")] = float(sent)
+            out[(name, "rx_bytes")] = float(received)
         if not out:
             raise NoDataError(f"no interface matches {self.pattern.pattern!r}")
         return out

@@ -11,7 +11,7 @@ from checkpoint_exporter.config import Config
 from checkpoint_exporter.correlate import WindowTelemetry, correlate
 from checkpoint_exporter.model import FilesystemState
 from checkpoint_exporter.telemetry.disk import BlockDevice, DiskSource, resolve
-from checkpoint_exporter.telemetry.filesystem import CapacityMonitor
+from checkpoint_exporter.telemetry.filesystem import CapacityMonitor, Target
 from checkpoint_exporter.telemetry.gpu import GpuSource
 from checkpoint_exporter.telemetry.infiniband import InfinibandSource
 from checkpoint_exporter.telemetry.net import NetSource
@@ -20,7 +20,8 @@ from checkpoint_exporter.watch import Mount
 
 log = logging.getLogger(__name__)
 
-CAPACITY_INTERVAL = 15.0
+CAPACITY_INTERVAL = 15.0  # seconds between statvfs probes of a mount
+CAPACITY_BUDGET = 5.0  # a probe not back by then reports its filesystem's device error
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,12 @@ class Placement:
 
 
 class NodeTelemetry:
-    def __init__(self, config: Config):
+    def __init__(
+        self,
+        config: Config,
+        capacity_interval: float = CAPACITY_INTERVAL,
+        capacity_budget: float = CAPACITY_BUDGET,
+    ):
         paths, telemetry = config.paths, config.telemetry
         self.net = NetSource(
             paths.procfs, paths.sysfs, telemetry.network_devices, skip_ipoib=telemetry.infiniband
@@ -43,35 +49,38 @@ class NodeTelemetry:
         sources = [s for s in (self.net, self.infiniband, self.disk, self.gpu) if s is not None]
         self.sampler = Sampler(sources, telemetry.sample_interval, telemetry.retention)
         self.sysfs = paths.sysfs
-        self.capacity = CapacityMonitor()
-        self._capacity_targets: dict[str, tuple[str, str, str]] = {}
+        self.capacity = CapacityMonitor(capacity_budget)
+        self.capacity_interval = capacity_interval
         self._stop = threading.Event()
         self._capacity_thread = threading.Thread(target=self._probe, name="capacity", daemon=True)
 
     def start(self) -> None:
         self.sampler.sample_once()  # a first sample now, so the first window has a "before"
-        self.capacity.probe(dict(self._capacity_targets))
         self.sampler.start()
         self._capacity_thread.start()
 
     def stop(self) -> None:
+        """Returns at once, whatever the filesystems do: statvfs probes are never waited for."""
         self._stop.set()
-        self.sampler.stop()
         self.capacity.close()
+        self.sampler.stop()
+        if self._capacity_thread.is_alive():
+            self._capacity_thread.join()  # it only starts probes: it wakes and ends at once
         if self.gpu is not None:
             self.gpu.close()
 
     def _probe(self) -> None:
-        while not self._stop.wait(CAPACITY_INTERVAL):
-            self.capacity.probe(dict(self._capacity_targets))
+        # Mounts are probed once when placed; then again every interval.
+        while not self._stop.wait(self.capacity_interval):
+            self.capacity.probe()
 
     def place(self, path: str, mount: Mount | None) -> Placement:
         """Register a watched path: its disk is sampled and its filesystem's capacity probed."""
         device = resolve(self.sysfs, mount.major_minor) if mount else None
         if device is not None:
-            self.disk.devices.add(device.name)
+            self.disk.add(device.name)
         if mount is not None:
-            self._capacity_targets.setdefault(mount.mountpoint, (path, mount.device, mount.fstype))
+            self.capacity.add(Target(mount.mountpoint, path, mount.device, mount.fstype))
         return Placement(mount, device)
 
     def correlate(self, start: float, end: float, disks: Iterable[str]) -> WindowTelemetry:
@@ -93,6 +102,8 @@ class NodeTelemetry:
         return self.net.speed_bits(device)
 
     def filesystems(self, reserves: dict[str, float]) -> tuple[FilesystemState, ...]:
+        """Placed filesystems by mountpoint, once read or in error. One whose statvfs never
+        answered is there with device_error and checked_at 0: its size and avail (0) are unknown."""
         return tuple(
             FilesystemState(
                 c.mountpoint,
@@ -101,8 +112,10 @@ class NodeTelemetry:
                 c.size_bytes,
                 c.avail_bytes,
                 reserves.get(c.mountpoint, 0.0),
+                device_error=c.device_error,
+                checked_at=c.checked_at,
             )
-            for c in sorted(self.capacity.latest.values(), key=lambda c: c.mountpoint)
+            for c in self.capacity.capacities()
         )
 
     def available(self) -> tuple[tuple[str, bool], ...]:

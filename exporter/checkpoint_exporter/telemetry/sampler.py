@@ -48,7 +48,8 @@ class Sampler:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=5)
+        if self._thread.is_alive():  # stopping what never started is fine
+            self._thread.join(timeout=5)
 
     def _run(self) -> None:
         next_at = time.monotonic()
