@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -88,3 +89,197 @@ def test_depth_limit_keys_and_unwatch(tmp_path: Path, watched) -> None:
     assert "cannot watch" in (watcher.watch("gone", str(tmp_path / "missing")) or "")
     assert watcher.watch_count == 1
     assert recorder.overflows == 0 and recorder.lost == []
+
+
+def _inotify_descriptors() -> set[int]:
+    """This process's open inotify instances, as the kernel names them in /proc/self/fd."""
+    found = set()
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{name}") == "anon_inode:inotify":
+                found.add(int(name))
+        except OSError:
+            continue  # the descriptor listdir itself used, closed by now
+    return found
+
+
+def test_removed_and_recreated_root_is_watched_again(tmp_path: Path, watched) -> None:
+    watcher, recorder = watched
+    root = tmp_path / "job"
+    (root / "step-1").mkdir(parents=True)
+    assert watcher.watch("j", str(root)) is None
+    shutil.rmtree(root)
+    wait_for(lambda: watcher.watch_count == 1)  # the parent, awaiting the root's return
+    recorder.clear()
+    (root / "step-2").mkdir(parents=True)
+    # Healed: the scanner is told to re-read the whole root, since nothing saw what was written
+    # into it before its watch came back; later writes are reported one by one again.
+    wait_for(lambda: recorder.saw("j", root))
+    wait_for(lambda: watcher.watch_count == 2)  # job and job/step-2; the parent's went
+    (root / "step-2" / ".metadata").write_bytes(b"x")
+    wait_for(lambda: recorder.saw("j", root / "step-2" / ".metadata"))
+    (root / "step-3").mkdir()
+    wait_for(lambda: recorder.saw("j", root / "step-3"))
+    wait_for(lambda: watcher.watch_count == 3)  # new directories are followed again
+    assert recorder.lost == []
+
+
+def test_a_root_whose_parent_went_too_is_awaited_further_up(tmp_path: Path, watched) -> None:
+    watcher, recorder = watched
+    root = tmp_path / "mnt" / "job"
+    root.mkdir(parents=True)
+    assert watcher.watch("j", str(root)) is None
+    shutil.rmtree(tmp_path / "mnt")
+    wait_for(lambda: watcher.watch_count == 1)  # tmp_path, awaiting mnt
+    recorder.clear()
+    (root / "step-1").mkdir(parents=True)
+    wait_for(lambda: recorder.saw("j", root))
+    wait_for(lambda: watcher.watch_count == 2)
+    (root / "step-1" / "shard").write_bytes(b"x")
+    wait_for(lambda: recorder.saw("j", root / "step-1" / "shard"))
+
+
+def test_an_operators_root_symlink_is_watched_again_when_its_target_is_back(
+    tmp_path: Path, watched
+) -> None:
+    watcher, recorder = watched
+    target, link = tmp_path / "volume" / "job", tmp_path / "job"
+    target.mkdir(parents=True)
+    link.symlink_to(target)
+    assert watcher.watch("j", str(link)) is None
+    shutil.rmtree(target)
+    wait_for(lambda: watcher.watch_count == 0)  # its target may come back anywhere: looked for
+    recorder.clear()
+    (target / "step-1").mkdir(parents=True)
+    wait_for(lambda: recorder.saw("j", link))
+    wait_for(lambda: watcher.watch_count == 2)
+    (target / "step-1" / "shard").write_bytes(b"x")
+    wait_for(lambda: recorder.saw("j", link / "step-1" / "shard"))
+
+
+def test_root_moved_away_is_unwatched_and_its_replacement_watched(tmp_path: Path, watched) -> None:
+    watcher, recorder = watched
+    root = tmp_path / "job"
+    (root / "step-1").mkdir(parents=True)
+    assert watcher.watch("j", str(root)) is None
+    os.rename(root, tmp_path / "old")
+    (root / "step-2").mkdir(parents=True)
+    wait_for(lambda: recorder.saw("j", root))
+    wait_for(lambda: watcher.watch_count == 2)  # job and job/step-2; nothing of old
+    recorder.clear()
+    (tmp_path / "old" / "step-1" / "late").write_bytes(b"x")
+    (root / "step-2" / "shard").write_bytes(b"x")
+    wait_for(lambda: recorder.saw("j", root / "step-2" / "shard"))
+    assert all(Path(path).is_relative_to(root) for _, path in recorder.changes)
+
+
+def test_recreated_and_returning_subtrees_are_followed(tmp_path: Path, watched) -> None:
+    watcher, recorder = watched
+    root = tmp_path / "job"
+    (root / "step-1" / "model").mkdir(parents=True)
+    assert watcher.watch("j", str(root)) is None
+    shutil.rmtree(root / "step-1")
+    (root / "step-1" / "model").mkdir(parents=True)
+    # Written until seen: the watch of the new subtree comes a moment after its creation.
+    wait_for(lambda: _written_and_seen(recorder, "j", root / "step-1" / "model" / "shard"))
+    os.rename(root / "step-1", tmp_path / "aside")
+    os.rename(tmp_path / "aside", root / "step-1")
+    recorder.clear()
+    wait_for(lambda: _written_and_seen(recorder, "j", root / "step-1" / "model" / "other"))
+    assert watcher.watch_count == 3
+
+
+def _written_and_seen(recorder: Recorder, key: str, path: Path) -> bool:
+    path.write_bytes(b"x")
+    return recorder.saw(key, path)
+
+
+def test_a_failed_reader_gives_every_key_up_to_polling(tmp_path: Path) -> None:
+    recorder = Recorder()
+    before = _inotify_descriptors()
+    watcher = Watcher(
+        recorder.changed, lambda path: None, lambda k, r: recorder.lost.append((k, r))
+    )
+    (descriptor,) = _inotify_descriptors() - before
+    watcher.start()
+    try:
+        for key in ("a", "b"):
+            (tmp_path / key).mkdir()
+            assert watcher.watch(key, str(tmp_path / key)) is None
+        # The kernel fails the reader's next read: a directory now stands where its inotify
+        # descriptor was (read() says EISDIR); an event on the old instance wakes the reader.
+        directory = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+        os.dup2(directory, descriptor)
+        os.close(directory)
+        (tmp_path / "a" / "f").write_bytes(b"x")
+        wait_for(lambda: sorted(key for key, _ in recorder.lost) == ["a", "b"])
+        assert all("inotify reader failed" in reason for _, reason in recorder.lost)
+        # A job added afterwards is not promised a watch that nobody reads.
+        assert "inotify reader failed" in (watcher.watch("c", str(tmp_path)) or "")
+    finally:
+        watcher.stop()
+
+
+def test_an_exception_in_dispatch_gives_every_key_up_to_polling(tmp_path: Path) -> None:
+    lost: list[tuple[str, str]] = []
+
+    def broken(key: str, path: str) -> None:
+        raise RuntimeError("callback bug")
+
+    watcher = Watcher(broken, lambda path: None, lambda key, reason: lost.append((key, reason)))
+    watcher.start()
+    try:
+        assert watcher.watch("j", str(tmp_path)) is None
+        (tmp_path / "f").write_bytes(b"x")
+        wait_for(lambda: lost)
+        assert lost == [("j", "inotify reader failed: RuntimeError: callback bug")]
+    finally:
+        watcher.stop()
+
+
+def test_a_directory_swapped_for_a_symlink_leads_no_watch_outside(tmp_path: Path) -> None:
+    root, outside = tmp_path / "job", tmp_path / "outside"
+    (outside / "b").mkdir(parents=True)
+    root.mkdir()
+    recorder = Recorder()
+    gate, paused = threading.Event(), threading.Event()
+
+    def changed(key: str, path: str) -> None:
+        recorder.changed(key, path)
+        if not paused.is_set():  # hold the reader while the tenant swaps the directory
+            paused.set()
+            gate.wait(10)
+
+    watcher = Watcher(changed, lambda path: None, lambda key, reason: None)
+    watcher.start()
+    try:
+        assert watcher.watch("j", str(root)) is None
+        (root / "a").mkdir()
+        wait_for(paused.is_set)
+        (root / "a" / "b").mkdir()  # its event is read after the swap
+        os.rename(root / "a", root / "real")
+        os.symlink(outside, root / "a")
+        gate.set()
+        wait_for(lambda: recorder.saw("j", root / "real"))
+        wait_for(lambda: watcher.watch_count == 3)  # job, job/real, job/real/b
+        recorder.clear()
+        (outside / "b" / "f").write_bytes(b"x")
+        (root / "real" / "b" / "g").write_bytes(b"x")
+        wait_for(lambda: recorder.saw("j", root / "real" / "b" / "g"))
+        assert not recorder.saw("j", root / "a" / "b" / "f")
+        assert watcher.watch_count == 3
+    finally:
+        gate.set()
+        watcher.stop()
+
+
+def test_a_root_symlink_is_followed_only_when_allowed(tmp_path: Path, watched) -> None:
+    watcher, recorder = watched
+    (tmp_path / "target").mkdir()
+    os.symlink(tmp_path / "target", tmp_path / "link")
+    refused = watcher.watch("tenant", str(tmp_path / "link"), follow_root_symlink=False)
+    assert "cannot watch" in (refused or "")
+    assert watcher.watch_count == 0
+    assert watcher.watch("operator", str(tmp_path / "link")) is None
+    (tmp_path / "target" / "f").write_bytes(b"x")
+    wait_for(lambda: recorder.saw("operator", tmp_path / "link" / "f"))
