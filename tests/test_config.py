@@ -154,6 +154,7 @@ jobs:
     assert [p.split(":")[1] for p in found] == ["2", "3", "5", "6", "6"]  # sorted by line
 
 
+@pytest.mark.root  # runs check-config as nobody
 def test_unreadable_job_path_is_an_error(ckpt: Path) -> None:
     """Checked as an unprivileged user: root can read anything, the daemon's user may not."""
     base = Path(tempfile.mkdtemp(prefix="ckpt-perm-"))

@@ -3,23 +3,30 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import yaml
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from checkpoint_exporter.config import parse_config
 from checkpoint_exporter.plan import (
+    INPUT_FIELDS,
+    LIMITS,
     OUTPUT_KEYS,
     WORKED_EXAMPLE,
     PlanInputError,
     PlanInputs,
+    PlanResult,
     compute,
     daly_interval,
+    format_table,
+    objectives_yaml,
     parse_inputs,
+    validate,
     young_interval,
 )
 from tests.conftest import run_cli, write_config
@@ -136,6 +143,44 @@ def test_invalid_inputs_exit_2_naming_the_input(flags: list[str], named: str) ->
     assert result.stdout == ""
 
 
+# Values no cluster has, for every input: too large for all of them, and too small for those a
+# rate or a time is divided by. They made `plan` print inf or fail in math.ceil with a traceback.
+ABSURD = [
+    *((name, "1e308") for name in INPUT_FIELDS),
+    *((name, 10**400) for name in INPUT_FIELDS),  # a YAML integer float() cannot hold
+    *(
+        (name, "1e-320")
+        for name in (
+            "parameters",
+            "bytes_per_parameter",
+            "transfer_seconds",
+            "interval_seconds",
+            "utilization_ceiling",
+            "link_gbps",
+            "mtbf_seconds",
+            "save_seconds",
+            "inference_bytes_per_parameter",
+            "node_read_gbps",
+        )
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "value"), ABSURD, ids=lambda v: str(v)[:8])
+def test_an_absurd_value_is_refused_naming_its_input(name: str, value: object) -> None:
+    with pytest.raises(PlanInputError) as caught:
+        parse_inputs({**WORKED_EXAMPLE, "mtbf_seconds": 3600, name: value})
+    assert [named for named, _ in caught.value.problems] == [name]
+
+
+@pytest.mark.parametrize("flags", [["--parameters", "1e308"], ["--link-gbps", "1e-320"]])
+def test_cli_refuses_absurd_values_without_a_traceback(flags: list[str]) -> None:
+    result = run_cli("plan", "--example", *flags)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith(f"plan: {flags[0][2:].replace('-', '_')} ({flags[0]}): ")
+    assert "Traceback" not in result.stderr and result.stdout == ""
+
+
 def test_missing_and_unknown_inputs_are_all_reported(tmp_path: Path) -> None:
     plan = write_config(tmp_path, "parametres: 70e9\njobs: 0\n", "plan.yaml")
     result = run_cli("plan", "--config", str(plan))
@@ -246,3 +291,63 @@ def test_compute_refuses_invalid_inputs_directly() -> None:
     with pytest.raises(PlanInputError) as caught:
         compute(replace(EXAMPLE, transfer_seconds=10, overhead_seconds=10))
     assert caught.value.problems[0][0] == "overhead_seconds"
+
+
+# Every input given, so that every output is computed (no overhead: any deadline leaves a window).
+FULL_EXAMPLE = {
+    **WORKED_EXAMPLE,
+    "overhead_seconds": 0,
+    "mtbf_seconds": 3 * 3600,
+    "save_seconds": 20,
+    "restart_seconds": 600,
+    "node_read_gbps": 5,
+}
+
+
+def assert_finite_and_printable(result: PlanResult) -> None:
+    """No output is inf or nan, and each format prints without error."""
+    for key in OUTPUT_KEYS:
+        value = getattr(result, key)
+        assert value is None or math.isfinite(value), (key, value)
+    json.dumps(result.to_dict(), allow_nan=False)
+    format_table(result)
+    objectives_yaml(result)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.sampled_from(sorted(INPUT_FIELDS)),
+    st.one_of(st.floats(), st.integers(), st.floats().map(str), st.integers().map(str)),
+)
+def test_any_value_of_one_input_is_refused_by_name_or_gives_finite_outputs(
+    name: str, value: object
+) -> None:
+    try:
+        inputs = parse_inputs({**FULL_EXAMPLE, name: value})
+    except PlanInputError as error:
+        assert [named for named, _ in error.problems] == [name]
+        return
+    assert_finite_and_printable(compute(inputs))
+
+
+def within_limits(name: str) -> st.SearchStrategy[float]:
+    least, most = LIMITS[name]
+    if INPUT_FIELDS[name].metadata["kind"] == "count":
+        return st.integers(int(least), int(most))
+    return st.floats(least, most)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.fixed_dictionaries({name: within_limits(name) for name in LIMITS}),
+    st.floats(0, 1, exclude_max=True),
+    st.floats(0, 1, exclude_max=True),
+)
+def test_inputs_anywhere_within_the_limits_give_finite_outputs(
+    values: dict[str, float], overhead_share: float, free_space_reserve: float
+) -> None:
+    """The limits are what keeps the arithmetic finite: at their corners at once too."""
+    values["overhead_seconds"] = values["transfer_seconds"] * overhead_share
+    values["free_space_reserve"] = free_space_reserve
+    assume(not validate(values))  # the overhead may round up to the whole deadline
+    assert_finite_and_printable(compute(PlanInputs(**values)))

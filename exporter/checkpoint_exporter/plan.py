@@ -4,8 +4,24 @@ Pure arithmetic over numbers (decimal units: GB = 1e9 bytes, TB = 1e12 bytes; si
 rates). Every rate ending in ``_gbps`` is gigabytes per second, except the input ``link_gbps``,
 which is gigabits per second because that is how network links are sold (400 Gb/s = 50 GB/s).
 
-The equations are the seed article's worksheet (its sections 3 to 5); the interval comes from
-Young (1974) and Daly (2006). See docs/plan.md for the derivations.
+The equations are the seed article's worksheet (its sections 3 to 5; README "Sizing worksheet"
+has its worked example), with C the checkpoint and W the time left to move it:
+
+    checkpoint_gb      C = parameters x bytes_per_parameter x (1 + extra_fraction)
+    window             W = transfer_seconds (the deadline) - overhead_seconds
+    burst_gbps         jobs x C / W: every job saving at once
+    service_gbps       burst / utilization_ceiling: what to size the storage path for
+    average_gbps       jobs x C / interval_seconds: the mean, not what to buy
+    link_units         ceil(service / (link_gbps / 8)); with one lost, (units - 1) x link_gbps / 8
+    peak_footprint_tb  jobs x (retained_generations + 1) x C: every job's next save in progress
+    provisioned        peak / (1 - free_space_reserve)
+
+The interval, with s the training-visible cost of a save, M the MTBF and R the restart time:
+a job at interval T loses s / T to saving and, per failure, half an interval of work plus the
+restart, so waste(T) = s / T + (T / 2 + R) / M. Its minimum is Young's (1974) T = sqrt(2 s M);
+Daly (2006) carries the expansion further: sqrt(2 s M) (1 + sqrt(s / 2M) / 3 + s / 18M) - s,
+and M itself once s >= 2M. The inference load time (the second seed article) is
+parameters x inference_bytes_per_parameter / node_read_gbps.
 """
 
 from __future__ import annotations
@@ -17,7 +33,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
-from checkpoint_exporter.config import did_you_mean
+from checkpoint_exporter.schema import Field, Parser, Problems, shown
 from checkpoint_exporter.units import format_duration, parse_duration
 
 NUMBER = "number"
@@ -138,6 +154,31 @@ WORKED_EXAMPLE: dict[str, float] = {
 }
 
 
+# The least and most of each input that any real cluster comes near. Beyond them a value is a
+# typo (an exponent too many or too few), and within them every output stays finite, so the
+# worksheet names the input instead of printing inf or failing in math.ceil.
+_SECONDS = (1e-3, 1e9)  # a millisecond to some 30 years
+LIMITS: dict[str, tuple[float, float]] = {
+    "parameters": (1, 1e15),  # the largest models trained have ~2e12; 1e15 is 500x that
+    "bytes_per_parameter": (0.01, 1e3),  # 1-bit weights are 0.125 B; fp32 + Adam + EMA ~20 B
+    "extra_fraction": (0, 100),  # other state a hundred times the model's own
+    "jobs": (1, 1e6),  # counts: config's MAX_COUNT, beyond the largest clusters' ~1e5 GPUs
+    "servers_per_job": (1, 1e6),
+    "transfer_seconds": _SECONDS,
+    "interval_seconds": _SECONDS,
+    "utilization_ceiling": (0.01, 1),  # below 1 %, the storage is sized for 100x the burst
+    "retained_generations": (1, 1e6),
+    "overhead_seconds": (0, _SECONDS[1]),
+    "link_gbps": (1e-3, 1e6),  # 1 Mb/s to 1 Pb/s per unit; links sold today are 400-800 Gb/s
+    "staged_generations_in_memory": (0, 1e6),
+    "mtbf_seconds": _SECONDS,
+    "save_seconds": _SECONDS,
+    "restart_seconds": (0, _SECONDS[1]),
+    "inference_bytes_per_parameter": (0.01, 1e3),
+    "node_read_gbps": (1e-3, 1e6),  # 1 MB/s to 1 PB/s; a node of NVMe drives reads ~50 GB/s
+}
+
+
 class PlanInputError(ValueError):
     """Invalid worksheet inputs; ``problems`` holds (input name, reason) pairs."""
 
@@ -186,7 +227,10 @@ def _number(value: object, kind: str) -> float:
     if isinstance(value, bool):
         raise ValueError(f"expected a number, got {value!r}")
     if isinstance(value, (int, float)):
-        number = float(value)
+        try:
+            number = float(value)
+        except OverflowError:  # an integer of more than 308 digits
+            raise ValueError(f"must be a finite number, got {shown(value)}") from None
     elif isinstance(value, str):
         text = value.strip().replace("_", "").replace(",", "")
         match = re.fullmatch(r"([0-9.eE+-]+)([KMBT])", text) if kind == PARAMETERS else None
@@ -211,23 +255,29 @@ def _number(value: object, kind: str) -> float:
     return number
 
 
+def _parser(kind: str) -> Parser:
+    return lambda value: _number(value, kind)
+
+
+# The schema of ``plan --config`` and the flags: every input is a number of some kind.
+_FIELDS = tuple(Field(name, _parser(spec.metadata["kind"])) for name, spec in INPUT_FIELDS.items())
+
+
 def parse_inputs(raw: Mapping[str, object]) -> PlanInputs:
-    """Inputs from YAML keys or flags; reports every bad, missing or unknown input at once."""
-    problems: list[tuple[str, str]] = []
-    values: dict[str, Any] = {}
-    for name, value in raw.items():
-        spec = INPUT_FIELDS.get(name)
-        if spec is None:
-            problems.append((str(name), "unknown input" + did_you_mean(name, INPUT_FIELDS)))
-            continue
-        if value is None:
-            continue
-        try:
-            values[name] = _number(value, spec.metadata["kind"])
-        except ValueError as error:
-            problems.append((name, str(error)))
+    """Inputs from YAML keys or flags; reports every bad, missing or unknown input at once.
+
+    An input given as None (a flag not given, an empty YAML value) counts as absent.
+    """
+    given = {
+        str(name): value
+        for name, value in raw.items()
+        if not (value is None and name in INPUT_FIELDS)
+    }
+    checker = Problems("")
+    values = checker.check(given, (), _FIELDS, noun="input", list_known=False)
+    problems = [(problem.key, problem.reason) for problem in checker.found]
     for name, spec in INPUT_FIELDS.items():
-        if spec.metadata["required"] and name not in values and name not in dict(problems):
+        if spec.metadata["required"] and name not in given:
             problems.append((name, "is required"))
     problems += validate(values)
     if problems:
@@ -239,14 +289,16 @@ def validate(values: Mapping[str, Any]) -> list[tuple[str, str]]:
     """Every reason the given inputs cannot describe a real cluster, by input name.
 
     Inputs absent from ``values`` (or None) are not checked, so a missing input does not hide
-    the problems of the others.
+    the problems of the others; each input's first problem is the one reported.
     """
     problems: list[tuple[str, str]] = []
 
     def need(name: str, check: Callable[[float], bool], reason: str) -> None:
         value = values.get(name)
-        if value is not None and not check(value):
-            problems.append((name, f"{reason}, got {value!r}"))
+        if value is None or any(name == named for named, _ in problems):
+            return
+        if not check(value):
+            problems.append((name, f"{reason}, got {shown(value)}"))
 
     def positive(value: float) -> bool:
         return value > 0
@@ -283,7 +335,22 @@ def validate(values: Mapping[str, Any]) -> list[tuple[str, str]]:
     need("node_read_gbps", positive, "must be greater than zero")
     need("restart_seconds", not_negative, "must not be negative")
     need("inference_bytes_per_parameter", positive, "must be greater than zero")
+    for name, (least, most) in LIMITS.items():
+        unit = INPUT_FIELDS[name].metadata["unit"]
+        need(
+            name,
+            lambda v, least=least, most=most: least <= v <= most,
+            f"must be between {_limit(least)} and {_limit(most)}{' ' + unit if unit else ''}",
+        )
     return problems
+
+
+def _limit(value: float) -> str:
+    """1e15 rather than 1e+15 or 1,000,000,000,000,000."""
+    if value < 1e6:
+        return f"{value:g}"
+    mantissa, exponent = f"{value:.0e}".split("e")
+    return f"{mantissa}e{int(exponent)}"
 
 
 # --- arithmetic --------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from checkpoint_exporter.config import ConfigError, ConfigProblem, did_you_mean, read_yaml_file
+from checkpoint_exporter.schema import Field, Problems, read_mapping_file
 
 _CLIENT_AUTH = {
     "NoClientCert": ssl.CERT_NONE,
@@ -43,11 +43,6 @@ _VERSIONS = {
     "TLS12": ssl.TLSVersion.TLSv1_2,
     "TLS13": ssl.TLSVersion.TLSv1_3,
 }
-_TLS_KEYS = {
-    "cert_file", "key_file", "client_auth_type", "client_ca_file", "min_version", "max_version",
-    "cipher_suites", "prefer_server_cipher_suites", "curve_preferences",
-}  # fmt: skip
-_TOP_KEYS = {"tls_server_config", "basic_auth_users", "http_server_config"}
 # exporter-toolkit's extraHTTPHeaders: the headers a web config may set, and their values when
 # they are an enumeration.
 _EXTRA_HEADERS: dict[str, tuple[str, ...]] = {
@@ -184,152 +179,153 @@ class WebSecurity:
 def load_web_config(path: str | Path) -> WebSecurity:
     """Read and check a web config file; every problem is reported with file, key and reason."""
     file = Path(path)
-    document = read_yaml_file(file)
-    problems = list(document.problems)
-    data: Any = document.data or {}
-
-    def problem(key: str, reason: str) -> None:
-        line = document.lines.get(tuple(key.split(".")))
-        problems.append(ConfigProblem(str(file), key, reason, line))
-
-    if not isinstance(data, dict):
-        raise ConfigError([*problems, ConfigProblem(str(file), "", "expected a mapping")])
-    for key in data:
-        if key not in _TOP_KEYS:
-            problem(str(key), "unknown key" + did_you_mean(key, _TOP_KEYS))
+    data, problems = read_mapping_file(file)
+    problems.check(_named(data), (), _TOP_FIELDS, list_known=False)
     security = WebSecurity()
     tls = data.get("tls_server_config")
     if tls is not None:
-        security.tls = _tls_context(tls, file.parent, problem)
+        security.tls = _tls_context(tls, file.parent, problems)
     users = data.get("basic_auth_users") or {}
     if not isinstance(users, dict):
-        problem("basic_auth_users", "expected a mapping of user name to bcrypt hash")
+        problems.add(("basic_auth_users",), "expected a mapping of user name to bcrypt hash")
         users = {}
     for user, hashed in users.items():
-        key = f"basic_auth_users.{user}"
+        key = ("basic_auth_users", str(user))
         if not isinstance(hashed, str) or not _BCRYPT_HASH.fullmatch(hashed):
-            problem(key, "expected a bcrypt hash ($2y$..., from htpasswd -B)")
+            problems.add(key, "expected a bcrypt hash ($2y$..., from htpasswd -B)")
             continue
         if int(hashed[4:6]) not in BCRYPT_COSTS:
-            problem(key, f"bcrypt cost {int(hashed[4:6])} is outside {BCRYPT_COSTS.start}.."
-                    f"{BCRYPT_COSTS.stop - 1} (htpasswd -B's range): every password check "
-                    "would take too long")  # fmt: skip
+            problems.add(key, f"bcrypt cost {int(hashed[4:6])} is outside {BCRYPT_COSTS.start}.."
+                         f"{BCRYPT_COSTS.stop - 1} (htpasswd -B's range): every password check "
+                         "would take too long")  # fmt: skip
             continue
         if ":" in str(user) or any(ord(c) < 0x20 or c == "\x7f" for c in str(user)):
-            problem(key, "a user name cannot contain ':' or control characters (basic auth "
-                    "splits user and password at the first ':')")  # fmt: skip
+            problems.add(key, "a user name cannot contain ':' or control characters (basic auth "
+                         "splits user and password at the first ':')")  # fmt: skip
             continue
         security.users[str(user)] = hashed.encode()
-    security.headers = _headers(data.get("http_server_config"), problem)
-    if problems:
-        raise ConfigError(problems)
+    security.headers = _headers(data.get("http_server_config"), problems)
+    problems.raise_if_any()
     return security
 
 
-def _headers(http: object, problem: Any) -> dict[str, str]:
+def _named(mapping: dict[Any, Any]) -> dict[str, Any]:
+    """Keys as this file's messages name them: ``1`` is the key "1", not a list index."""
+    return {str(key): value for key, value in mapping.items()}
+
+
+def _headers(http: object, problems: Problems) -> dict[str, str]:
     if http is None:
         return {}
+    at = ("http_server_config",)
     if not isinstance(http, dict):
-        problem("http_server_config", "expected a mapping")
+        problems.add(at, "expected a mapping")
         return {}
-    known = ("headers", "http2")
-    for key in http:
-        if key not in known:
-            problem(f"http_server_config.{key}", "unknown key" + did_you_mean(key, known))
+    problems.check(_named(http), at, _HTTP_FIELDS, list_known=False)
     headers = http.get("headers") or {}
     if not isinstance(headers, dict):
-        problem("http_server_config.headers", "expected a mapping of header name to value")
+        problems.add((*at, "headers"), "expected a mapping of header name to value")
         return {}
     clean = {}
     for name, value in headers.items():
-        key = f"http_server_config.headers.{name}"
+        key = (*at, "headers", str(name))
         # A line break in a header would let the config file inject a response; refuse it.
         if not isinstance(value, str) or any(c in f"{name}{value}" for c in "\r\n\0"):
-            problem(key, "expected a single-line string")
+            problems.add(key, "expected a single-line string")
             continue
         # As exporter-toolkit: only these security headers, so a careless entry cannot break
         # the response's own framing (Content-Length, Content-Encoding, Connection, ...).
         allowed = _EXTRA_HEADERS.get(str(name), ())
         if str(name) not in _EXTRA_HEADERS:
-            problem(key, f"cannot be configured; one of {', '.join(_EXTRA_HEADERS)}")
+            problems.add(key, f"cannot be configured; one of {', '.join(_EXTRA_HEADERS)}")
             continue
         if allowed and value not in allowed:
-            problem(key, f"must be one of {', '.join(allowed)}, got {value!r}")
+            problems.add(key, f"must be one of {', '.join(allowed)}, got {value!r}")
             continue
         clean[str(name)] = value
     return clean
 
 
-def _tls_context(tls: object, base: Path, problem: Any) -> ssl.SSLContext | None:
-    if not isinstance(tls, dict):
-        problem("tls_server_config", "expected a mapping")
+def _tls_version(value: object) -> ssl.TLSVersion | None:
+    if value is None:
         return None
-    for key in tls:
-        if key not in _TLS_KEYS:
-            problem(f"tls_server_config.{key}", "unknown key" + did_you_mean(key, _TLS_KEYS))
-    for key in ("cipher_suites", "curve_preferences"):
-        if tls.get(key):
-            reason = "not supported here: Python's TLS uses its own secure defaults; remove the key"
-            problem(f"tls_server_config.{key}", reason + " rather than have it silently ignored")
+    if not isinstance(value, str) or value not in _VERSIONS:
+        raise ValueError(f"must be one of {', '.join(_VERSIONS)}, got {value!r}")
+    return _VERSIONS[value]
+
+
+def _unsupported(value: object) -> None:
+    if value:
+        raise ValueError(
+            "not supported here: Python's TLS uses its own secure defaults; remove the key "
+            "rather than have it silently ignored"
+        )
+
+
+def _file_path(value: object) -> str | None:
+    if value is not None and (not isinstance(value, str) or not value or "\0" in value):
+        raise ValueError("expected a file path (a non-empty string without NUL characters)")
+    return value
+
+
+_TOP_FIELDS = (Field("tls_server_config"), Field("basic_auth_users"), Field("http_server_config"))
+_HTTP_FIELDS = (Field("headers"), Field("http2"))
+_TLS_PATHS = ("cert_file", "key_file", "client_ca_file")
+_TLS_FIELDS = (
+    *(Field(key, _file_path) for key in _TLS_PATHS),
+    Field("client_auth_type"),  # checked once the certificate is loaded
+    Field("min_version", _tls_version),
+    Field("max_version", _tls_version),
+    Field("cipher_suites", _unsupported),
+    Field("prefer_server_cipher_suites"),
+    Field("curve_preferences", _unsupported),
+)
+
+
+def _tls_context(tls: object, base: Path, problems: Problems) -> ssl.SSLContext | None:
+    at = ("tls_server_config",)
+    if not isinstance(tls, dict):
+        problems.add(at, "expected a mapping")
+        return None
+    values = problems.check(_named(tls), at, _TLS_FIELDS, list_known=False)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2  # exporter-toolkit's default
     for key, attribute in (("min_version", "minimum_version"), ("max_version", "maximum_version")):
-        value = tls.get(key)
-        if value is None:
-            continue
-        if not isinstance(value, str) or value not in _VERSIONS:
-            problem(
-                f"tls_server_config.{key}", f"must be one of {', '.join(_VERSIONS)}, got {value!r}"
-            )
-        else:
-            setattr(context, attribute, _VERSIONS[value])
-
-    bad_paths = []
-
-    def path_of(key: str) -> Path | None:
-        value = tls.get(key)
-        if value is None:
-            return None
-        if not isinstance(value, str) or not value or "\0" in value:
-            problem(f"tls_server_config.{key}", "expected a file path (a non-empty string "
-                    "without NUL characters)")  # fmt: skip
-            bad_paths.append(key)
-            return None
-        path = Path(value)
-        return path if path.is_absolute() else base / path
-
-    cert, key = path_of("cert_file"), path_of("key_file")
-    ca = path_of("client_ca_file")
-    if bad_paths:
+        if values.get(key) is not None:
+            setattr(context, attribute, values[key])
+    if any(key in tls and key not in values for key in _TLS_PATHS):
         return None
+    cert, key, ca = (
+        None if values.get(name) is None else base / values[name] for name in _TLS_PATHS
+    )
     if cert is None or key is None:
-        problem("tls_server_config", "cert_file and key_file are both required")
+        problems.add(at, "cert_file and key_file are both required")
         return None
     try:
         context.load_cert_chain(cert, key)
     except (OSError, ssl.SSLError) as error:
-        problem("tls_server_config.cert_file", f"cannot load {cert} / {key}: {error}")
+        problems.add((*at, "cert_file"), f"cannot load {cert} / {key}: {error}")
         return None
     auth = tls.get("client_auth_type", "NoClientCert")
     if not isinstance(auth, str):
-        problem("tls_server_config.client_auth_type", f"must be one of {', '.join(_CLIENT_AUTH)}")
+        problems.add((*at, "client_auth_type"), f"must be one of {', '.join(_CLIENT_AUTH)}")
         return None
     if auth in _UNSUPPORTED_CLIENT_AUTH:
-        problem("tls_server_config.client_auth_type", f"{auth} is not supported: every client "
-                "certificate is verified here; use VerifyClientCertIfGiven or "
-                "RequireAndVerifyClientCert with client_ca_file")  # fmt: skip
+        problems.add((*at, "client_auth_type"), f"{auth} is not supported: every client "
+                     "certificate is verified here; use VerifyClientCertIfGiven or "
+                     "RequireAndVerifyClientCert with client_ca_file")  # fmt: skip
         return None
     if auth not in _CLIENT_AUTH:
-        problem("tls_server_config.client_auth_type", f"must be one of {', '.join(_CLIENT_AUTH)}")
+        problems.add((*at, "client_auth_type"), f"must be one of {', '.join(_CLIENT_AUTH)}")
         return None
     context.verify_mode = _CLIENT_AUTH[auth]
     if context.verify_mode != ssl.CERT_NONE:
         if ca is None:
-            problem("tls_server_config.client_ca_file", f"required with {auth}")
+            problems.add((*at, "client_ca_file"), f"required with {auth}")
             return None
         try:
             context.load_verify_locations(cafile=str(ca))
         except (OSError, ssl.SSLError) as error:
-            problem("tls_server_config.client_ca_file", f"cannot load {ca}: {error}")
+            problems.add((*at, "client_ca_file"), f"cannot load {ca}: {error}")
             return None
     return context
