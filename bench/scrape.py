@@ -1,8 +1,10 @@
 """scrape: /metrics latency over loopback HTTP (keep-alive, SCRAPES scrapes) as jobs grow.
 
-Three ways per job count: every series rendered by prometheus_client on every scrape; the
+Four ways per job count: every series rendered by prometheus_client on every scrape; the
 incremental renderer with one job changed before each scrape (a save somewhere in the cluster);
-and an unchanged snapshot, whose render is reused. The exporter runs in-process, wired as
+and an unchanged snapshot, whose render is reused -- all three with the exporter's own process
+and Python metrics, on by default; and the unchanged snapshot without them
+(--web.disable-exporter-metrics), to show what they cost. The exporter runs in-process, wired as
 ``serve`` wires it, over trackers filled with synthetic jobs of GENERATIONS generations.
 
 The anchor, in the same run: Debian's prometheus-node-exporter with only its netdev, filesystem
@@ -21,7 +23,7 @@ from collections.abc import Callable
 
 from checkpoint_exporter.collectors import enabled_collectors
 from checkpoint_exporter.config import WebConfig
-from checkpoint_exporter.exposition import Renderer
+from checkpoint_exporter.exposition import Renderer, runtime_registry
 from checkpoint_exporter.metrics import build_registry
 from checkpoint_exporter.model import DURABLE
 from checkpoint_exporter.server import MetricsServer
@@ -29,7 +31,7 @@ from checkpoint_exporter.tracker import Tracker
 from process import percentile
 from tests.helpers.synthetic import generations, synthetic_tracker
 
-MODES = ("prometheus_client", "one job changed", "unchanged")
+MODES = ("prometheus_client", "one job changed", "unchanged", "unchanged, no exporter metrics")
 NODE_EXPORTER = "node_exporter (netdev, filesystem, diskstats)"
 
 
@@ -74,6 +76,17 @@ def _change_one_job(tracker: Tracker) -> Callable[[], None]:
     return change
 
 
+class _EverySeries:
+    """The baseline: prometheus_client renders the whole registry on every scrape."""
+
+    def __init__(self, snapshot: Callable[[], object], collectors: list) -> None:
+        self.snapshot = snapshot
+        self._registry = build_registry(snapshot, collectors, runtime_metrics=True)
+
+    def render_parts(self, encoder: Callable[[object], bytes]) -> tuple[bytes]:
+        return (encoder(self._registry),)
+
+
 def bench_scrape(job_counts: list[int], scrapes: int, count: int) -> list[dict[str, object]]:
     rows = []
     for jobs in job_counts:
@@ -81,10 +94,13 @@ def bench_scrape(job_counts: list[int], scrapes: int, count: int) -> list[dict[s
             tracker = synthetic_tracker(jobs, count)
             collectors = enabled_collectors({})
             snapshot = lambda t=tracker: t.snapshot  # noqa: E731
-            registry = build_registry(snapshot, collectors)
-            renderer = None if mode == MODES[0] else Renderer(snapshot, collectors)
+            if mode == MODES[0]:
+                renderer = _EverySeries(snapshot, collectors)
+            else:
+                runtime = None if mode == MODES[3] else runtime_registry()
+                renderer = Renderer(snapshot, collectors, runtime)
             web = WebConfig(listen_address="127.0.0.1:0")
-            server = MetricsServer(web, registry, snapshot, mode != MODES[0], None, renderer)
+            server = MetricsServer(web, renderer)  # type: ignore[arg-type]
             change = _change_one_job(tracker) if mode == MODES[1] else (lambda: None)
             server.start()
             try:

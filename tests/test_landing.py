@@ -107,7 +107,7 @@ def test_the_page_renders_whatever_the_numbers(value: float) -> None:
     """inf, NaN, 1e308 (whose differences overflow), negatives: drawn or shown as "?", never
     an exception (which used to be an empty reply for every job)."""
     filesystem = FilesystemState("/ckpt", "dev", "xfs", value, value, value)  # type: ignore[arg-type]
-    page = render(Snapshot(T, (hostile_job(value), job()), (filesystem,)), "/metrics")
+    page = render(Snapshot(T, (hostile_job(value), job()), filesystems=(filesystem,)), "/metrics")
     assert page.count('<svg xmlns="http://www.w3.org/2000/svg" class="timeline"') == 2
     assert "cannot be drawn" not in page  # the per-job fallback was not needed
     assert page.rstrip().endswith("</html>")
@@ -129,3 +129,45 @@ def test_one_undrawable_job_does_not_take_the_page(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(landing, "timeline_svg", broken)
     page = render(Snapshot(T, (job(name="a"), job(name="b"))), "/metrics")
     assert page.count("cannot be drawn") == 2 and page.rstrip().endswith("</html>")
+
+
+def test_the_page_says_when_the_first_pass_is_not_finished() -> None:
+    from checkpoint_exporter.model import DaemonState
+
+    first_scans = (
+        ("a", "durable", True, 10),
+        ("a", "staging", False, 3),
+        ("b", "durable", False, 0),
+    )
+    starting = Snapshot(T, (job(),), DaemonState(ready=False, first_scans=first_scans))
+    page = render(starting, "/metrics")
+    assert "starting: first pass not finished (1 of 3 tiers)" in page
+    assert 'href="/runbooks"' in page and 'href="/readyz"' in page
+    ready = Snapshot(T, (job(),), DaemonState(ready=True, first_scans=first_scans))
+    assert "starting:" not in render(ready, "/metrics")
+
+
+def test_runbook_markdown_is_rendered_escaped() -> None:
+    """The runbooks' little Markdown, and nothing the text could smuggle in as markup."""
+    from checkpoint_exporter.runbooks_page import to_html
+
+    html = to_html(
+        "# Run<books>\n\n## CheckpointTooOld\n\n**Meaning.** a `x<y>` and *this* <script>\n"
+        "[docs](https://example.com/?a=1&b=2) [bad](javascript:alert(1)) [rel](#checkpointtooold)"
+        "\n\n- one\n- two\n  continued\n\n1. first\n2. second\n\n```yaml\nkey: <b>\n```\n"
+        "## Same name\n## Same name\n"
+    )
+    assert '<h1 id="runbooks">Run&lt;books&gt;</h1>' in html
+    assert '<h2 id="checkpointtooold">CheckpointTooOld</h2>' in html
+    assert (
+        "<strong>Meaning.</strong> a <code>x&lt;y&gt;</code> and <em>this</em> &lt;script&gt;"
+        in (html)
+    )
+    assert '<a href="https://example.com/?a=1&amp;b=2">docs</a>' in html
+    assert '<a href="#checkpointtooold">rel</a>' in html
+    assert "javascript:" not in html.split("bad")[0][-60:] and 'href="javascript' not in html
+    assert "<ul><li>one</li><li>two continued</li></ul>" in html
+    assert "<ol><li>first</li><li>second</li></ol>" in html
+    assert '<pre><code class="language-yaml">key: &lt;b&gt;</code></pre>' in html
+    assert 'id="same-name"' in html and 'id="same-name-1"' in html
+    assert "<script" not in html and "<b>" not in html

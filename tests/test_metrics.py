@@ -1,22 +1,38 @@
-"""The collector wrapper: one broken or empty source never fails the scrape."""
+"""The one render path: isolation of broken collectors, incremental rendering byte-identical to
+prometheus_client's encoders, the runtime metrics, specs beside their collectors."""
 
 from __future__ import annotations
 
+import ast
+import inspect
 import re
 from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 
 from prometheus_client import generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.openmetrics.exposition import generate_latest as openmetrics
+from prometheus_client.registry import CollectorRegistry
 
 from checkpoint_exporter import metrics
-from checkpoint_exporter.collectors import REGISTRY, enabled_collectors
+from checkpoint_exporter.collectors import ALL_SPECS, REGISTRY, enabled_collectors
+from checkpoint_exporter.collectors.base import NoDataError, SnapshotCollector
 from checkpoint_exporter.config import parse_config
-from checkpoint_exporter.model import Snapshot
+from checkpoint_exporter.exposition import Renderer, runtime_registry
+from checkpoint_exporter.model import (
+    DURABLE,
+    DaemonState,
+    FilesystemState,
+    HistogramState,
+    Snapshot,
+)
 from checkpoint_exporter.tracker import Tracker
+from tests.conftest import parse_samples
+from tests.helpers.synthetic import generations, synthetic_tracker
 
 
-class Broken(metrics.SnapshotCollector):
+class Broken(SnapshotCollector):
     name = "broken"
 
     def collect(self, snapshot: Snapshot) -> Iterable[Metric]:
@@ -24,15 +40,21 @@ class Broken(metrics.SnapshotCollector):
         raise RuntimeError("device vanished")
 
 
-class Empty(metrics.SnapshotCollector):
+class Empty(SnapshotCollector):
     name = "gpu"
 
     def collect(self, snapshot: Snapshot) -> Iterable[Metric]:
-        raise metrics.NoDataError("NVML library not found")
+        raise NoDataError("NVML library not found")
 
 
-def render(collectors: list[metrics.SnapshotCollector], snapshot: Snapshot) -> str:
-    return generate_latest(metrics.build_registry(lambda: snapshot, collectors)).decode()
+def render(collectors: list[SnapshotCollector], snapshot: Snapshot) -> str:
+    return Renderer(lambda: snapshot, collectors).render(generate_latest).decode()
+
+
+def versioned(snapshot: Snapshot, versions: dict[str, int]) -> Snapshot:
+    """The snapshot with each job's version set, as the core sets it on every change."""
+    jobs = tuple(replace(job, version=versions[job.name]) for job in snapshot.jobs)
+    return replace(snapshot, jobs=jobs)
 
 
 def test_failures_and_no_data_are_isolated(tmp_path: Path, caplog) -> None:
@@ -60,15 +82,47 @@ def test_collectors_can_be_switched_off() -> None:
 
 
 def test_each_spec_is_spelled_once_and_named_by_convention() -> None:
-    names = [spec.name for spec in metrics.ALL]
+    names = [spec.name for spec in ALL_SPECS]
     assert len(names) == len(set(names))
-    for spec in metrics.ALL:
+    for spec in ALL_SPECS:
         assert re.fullmatch(r"checkpoint_[a-z0-9_]+", spec.name)
         assert "job" not in spec.labels  # Prometheus' target label is never ours to set
         if spec.kind == "counter":
             assert spec.name.endswith("_total")
         assert spec.help.endswith(".")
-    assert "`checkpoint_deadline_seconds`" in metrics.reference_table()
+    table = metrics.reference_table()
+    assert table.count("\n| `checkpoint_") == len(ALL_SPECS)
+    assert (
+        "| `checkpoint_deadline_seconds` | gauge | `training_job` | `jobs` (collectors/jobs.py) |"
+        in table
+    )
+
+
+def test_a_metric_is_born_in_the_module_that_spells_it() -> None:
+    """From a metric's name, one hop: the module that defines its spec is the one whose
+    collector fills it, and a collector yields only the specs it declares."""
+    tracker = synthetic_tracker(3, 2)
+    snapshot = replace(
+        tracker.snapshot,
+        daemon=DaemonState(scans=HistogramState((1.0,), (1, 0), 0.5), ready=True,
+                           first_scans=(("job-0", DURABLE, True, 5),), mounts=(("/ckpt", False),),
+                           scan_success=(("job-0", DURABLE, 1.0),),
+                           config_reload_success_time=1.0),
+        filesystems=(FilesystemState("/ckpt", "dev", "xfs", 10, 5, 0.2),),
+    )  # fmt: skip
+    for name, entry in REGISTRY.items():
+        module = inspect.getmodule(entry.factory)
+        defined = {
+            node.targets[0].id
+            for node in ast.parse(inspect.getsource(module)).body
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
+            and getattr(node.value.func, "id", "") == "MetricSpec"
+        }  # fmt: skip
+        declared = {spec.name for spec in entry.factory.specs}
+        assert {getattr(module, variable).name for variable in defined} >= declared, name
+        collected = {family.name for family in entry.factory().collect(snapshot)}
+        # prometheus_client drops a counter's _total from the family name.
+        assert collected == {n.removesuffix("_total") for n in declared}, name
 
 
 def test_scrape_does_no_io(tmp_path: Path) -> None:
@@ -84,26 +138,18 @@ def test_scrape_does_no_io(tmp_path: Path) -> None:
 
 
 def test_an_unchanged_snapshot_is_rendered_once(tmp_path: Path) -> None:
-    from prometheus_client.exposition import generate_latest
-
-    from checkpoint_exporter.config import WebConfig
-    from checkpoint_exporter.model import DURABLE
-    from checkpoint_exporter.server import MetricsServer
-
     (tmp_path / "a").mkdir()
     tracker = Tracker(parse_config("jobs: [{name: a, path: a}]\n", "t.yaml", tmp_path))
     first = tracker.publish()
     assert tracker.publish() is first  # nothing changed: the same snapshot
-    registry = metrics.build_registry(lambda: tracker.snapshot, enabled_collectors({}))
-    server = MetricsServer(WebConfig("127.0.0.1:0"), registry, lambda: tracker.snapshot)
-    try:
-        body = server.render(generate_latest, "text/plain")
-        assert server.render(generate_latest, "text/plain") is body
-        tracker.jobs["a"].observe(DURABLE, [], 0.0)  # a scan: the job's state is rebuilt
-        assert tracker.publish() is not first
-        assert server.render(generate_latest, "text/plain") is not body
-    finally:
-        server.stop()
+    renderer = Renderer(lambda: tracker.snapshot, enabled_collectors({}))
+    body = renderer.render(generate_latest)
+    assert renderer.render(generate_latest) == body
+    assert renderer.bodies_rendered == 1
+    tracker.jobs["a"].observe(DURABLE, [], 0.0)  # a scan: the job's state is rebuilt
+    assert tracker.publish() is not first
+    renderer.render(generate_latest)
+    assert renderer.bodies_rendered == 2
 
 
 def _without_durations(body: bytes) -> bytes:
@@ -116,17 +162,14 @@ def _without_durations(body: bytes) -> bytes:
 
 
 def test_incremental_rendering_is_byte_identical_to_prometheus_client() -> None:
-    from prometheus_client.openmetrics.exposition import generate_latest as openmetrics
-
-    from checkpoint_exporter.exposition import Renderer
-    from checkpoint_exporter.model import DURABLE
-    from tests.helpers.synthetic import generations, synthetic_tracker
-
     names = ['quote"job', "back\\slash", "new\nline", "plain", "carriage\rreturn"]
     tracker = synthetic_tracker(6, 4, names)
+    versions = dict.fromkeys(tracker.jobs, 1)
+    current = [versioned(tracker.snapshot, versions)]
     collectors = [Broken(), *enabled_collectors({})]
-    registry = metrics.build_registry(lambda: tracker.snapshot, collectors)
-    renderer = Renderer(lambda: tracker.snapshot, collectors)
+    renderer = Renderer(lambda: current[0], collectors)
+    registry = CollectorRegistry()
+    registry.register(Renderer(lambda: current[0], collectors))  # every family, every time
     per_job = sum(1 for c in collectors if c.per_job)
 
     def same() -> None:
@@ -141,16 +184,136 @@ def test_incremental_rendering_is_byte_identical_to_prometheus_client() -> None:
     same()
     assert renderer.jobs_rendered == rendered  # nothing changed: nothing rendered again
 
-    # One job commits a new generation: only that job is rendered again.
-    job = tracker.jobs["plain"]
-    job.observe(DURABLE, generations(5, 2e9), 2e9)
-    tracker.publish()
+    # One job commits a new generation and its version moves: only that job is rendered again.
+    tracker.jobs["plain"].observe(DURABLE, generations(5, 2e9), 2e9)
+    versions["plain"] += 1
+    current[0] = versioned(tracker.publish(), versions)
     same()
     assert renderer.jobs_rendered == rendered + 2 * per_job
     # Telemetry going away changes what the window collectors say for every job.
-    tracker.publish(telemetry=(("disk", False), ("gpu", True), ("network", True)))
+    current[0] = versioned(
+        tracker.publish(telemetry=(("disk", False), ("gpu", True), ("network", True))), versions
+    )
     same()
     tracker.forget("plain")
-    tracker.publish()
+    del versions["plain"]
+    current[0] = versioned(tracker.publish(), versions)
     same()
     assert b'training_job="plain"' not in renderer.render(generate_latest)
+
+
+def test_a_job_is_rendered_again_when_its_version_moves_not_when_its_object_does() -> None:
+    tracker = synthetic_tracker(2, 2)
+    snapshot = versioned(tracker.snapshot, {"job-0": 7, "job-1": 7})
+    current = [snapshot]
+    renderer = Renderer(lambda: current[0], enabled_collectors({}))
+    renderer.render(generate_latest)
+    rendered = renderer.jobs_rendered
+    # Equal states rebuilt as new objects (a publish that changed nothing): same version, kept.
+    current[0] = replace(snapshot, jobs=tuple(replace(job) for job in snapshot.jobs))
+    renderer.render(generate_latest)
+    assert renderer.jobs_rendered == rendered
+    # The core raised job-1's version: job-1 alone is rendered again, with its new values.
+    job = replace(snapshot.jobs[1], version=8, deadline_seconds=123.0)
+    current[0] = replace(snapshot, jobs=(snapshot.jobs[0], job))
+    text = renderer.render(generate_latest).decode()
+    assert renderer.jobs_rendered == rendered + sum(c.per_job for c in enabled_collectors({}))
+    assert 'checkpoint_deadline_seconds{training_job="job-1"} 123.0' in text
+    # Version 0 is a state nobody versioned: never reused.
+    current[0] = versioned(snapshot, {"job-0": 0, "job-1": 0})
+    renderer.render(generate_latest)
+    again = renderer.jobs_rendered
+    current[0] = replace(current[0], taken_at=current[0].taken_at + 1)
+    renderer.render(generate_latest)
+    assert renderer.jobs_rendered > again
+
+
+class _FixedRuntime:
+    """A runtime collector with fixed values, so its bytes can be compared."""
+
+    def collect(self) -> Iterable[Metric]:
+        yield GaugeMetricFamily("process_open_fds", "Number of open file descriptors.", value=7)
+        yield GaugeMetricFamily("python_info", "Python platform information", value=1)
+
+
+def test_runtime_metrics_go_through_the_same_encoders() -> None:
+    tracker = synthetic_tracker(2, 2)
+    current = [versioned(tracker.snapshot, {"job-0": 1, "job-1": 1})]
+    runtime = CollectorRegistry()
+    runtime.register(_FixedRuntime())
+    collectors = enabled_collectors({})
+    renderer = Renderer(lambda: current[0], collectors, runtime)
+    # prometheus_client with the exporter and the runtime collectors in one registry.
+    registry = CollectorRegistry()
+    registry.register(Renderer(lambda: current[0], collectors))
+    registry.register(_FixedRuntime())
+    for encoder in (generate_latest, openmetrics):
+        body = renderer.render(encoder)
+        assert _without_durations(body) == _without_durations(encoder(registry))
+        assert body.count(b"# EOF") == (encoder is openmetrics)
+    # The real ones: process and Python metrics, fresh on each scrape, after the exporter's.
+    live = Renderer(lambda: current[0], collectors, runtime_registry())
+    text = live.render(generate_latest).decode()
+    assert "process_resident_memory_bytes" in text and "python_gc_objects_collected_total" in text
+    assert text.index("checkpoint_exporter_scrape_collector_success") < text.index("process_")
+    first_cpu = parse_samples(text)["process_cpu_seconds_total"]
+    sum(i * i for i in range(300_000))  # burn some CPU
+    assert parse_samples(live.render(generate_latest).decode())["process_cpu_seconds_total"] > (
+        first_cpu
+    )
+
+
+def test_the_registry_adapter_yields_what_the_renderer_renders() -> None:
+    """metrics.build_registry, for what needs a prometheus_client registry (generate_latest in
+    the benchmarks), renders the same families."""
+    tracker = synthetic_tracker(2, 2)
+    snapshot = versioned(tracker.snapshot, {"job-0": 1, "job-1": 1})
+    collectors = enabled_collectors({})
+    assert _without_durations(
+        generate_latest(metrics.build_registry(lambda: snapshot, collectors))
+    ) == _without_durations(Renderer(lambda: snapshot, collectors).render(generate_latest))
+    with_runtime = generate_latest(metrics.build_registry(lambda: snapshot, collectors, True))
+    assert b"process_resident_memory_bytes" in with_runtime
+
+
+def test_the_daemon_health_series() -> None:
+    daemon = DaemonState(
+        ready=False,
+        first_scans=(("a", "durable", True, 120), ("a", "staging", False, 40)),
+        mounts=(("/mnt/nfs", True), ("/local", False)),
+        scan_success=(("a", "durable", 1_800_000_000.5),),
+        config_reload_successful=False,
+        config_reload_success_time=1_799_999_000.0,
+    )
+    filesystems = (
+        FilesystemState("/mnt/nfs", "filer:/x", "nfs4", 100, 40, 0.2, device_error=True),
+        FilesystemState("/local", "/dev/nvme0n1", "xfs", 100, 40, 0.2),
+    )
+    got = parse_samples(render(enabled_collectors({}), Snapshot(1.0, (), daemon, filesystems)))
+    assert got["checkpoint_exporter_ready"] == 0
+    assert got['checkpoint_exporter_first_scan_done{tier="durable",training_job="a"}'] == 1
+    assert got['checkpoint_exporter_first_scan_done{tier="staging",training_job="a"}'] == 0
+    assert got['checkpoint_exporter_first_scan_entries{tier="staging",training_job="a"}'] == 40
+    assert got['checkpoint_exporter_mount_stuck{mountpoint="/mnt/nfs"}'] == 1
+    assert got['checkpoint_exporter_mount_stuck{mountpoint="/local"}'] == 0
+    assert (
+        got[
+            'checkpoint_exporter_last_scan_success_timestamp_seconds{tier="durable",training_job="a"}'
+        ]
+        == 1_800_000_000.5
+    )
+    assert got["checkpoint_exporter_config_last_reload_successful"] == 0
+    assert got["checkpoint_exporter_config_last_reload_success_timestamp_seconds"] == 1_799_999_000
+    fs = 'device="{}",fstype="{}",mountpoint="{}"'
+    assert (
+        got[f"checkpoint_filesystem_device_error{{{fs.format('filer:/x', 'nfs4', '/mnt/nfs')}}}"]
+        == 1
+    )
+    assert (
+        got[f"checkpoint_filesystem_device_error{{{fs.format('/dev/nvme0n1', 'xfs', '/local')}}}"]
+        == 0
+    )
+    ready = replace(daemon, ready=True, config_reload_successful=True)
+    got = parse_samples(render(enabled_collectors({}), Snapshot(1.0, (), ready, filesystems)))
+    assert got["checkpoint_exporter_ready"] == 1
+    assert got["checkpoint_exporter_config_last_reload_successful"] == 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import re
 import select
 import signal
 import socket
@@ -14,6 +15,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import CLI, parse_samples, require_tool, run_cli, write_config
+
+pytestmark = [pytest.mark.prometheus, pytest.mark.daemon]
 
 
 @pytest.fixture
@@ -32,8 +35,17 @@ jobs:
     )
 
 
+def ready(served):
+    """The exporter once /readyz says its first pass is done (the port opens before it)."""
+    deadline = time.monotonic() + 30
+    while (reply := served.get("/readyz")).status != 200:
+        assert reply.status == 503 and time.monotonic() < deadline, reply
+        time.sleep(0.05)
+    return served
+
+
 def test_metrics_reflect_the_config(exporter, config: Path, tmp_path: Path) -> None:
-    served = exporter("--config.file", str(config))
+    served = ready(exporter("--config.file", str(config)))
     reply = served.get("/metrics")
     assert reply.status == 200
     assert reply.headers["Content-Type"].startswith("text/plain; version=0.0.4")
@@ -59,8 +71,9 @@ def test_metrics_reflect_the_config(exporter, config: Path, tmp_path: Path) -> N
     assert got['checkpoint_exporter_scrape_collector_success{collector="jobs"}'] == 1
     assert 'checkpoint_exporter_scrape_collector_duration_seconds{collector="jobs"}' in got
     assert any(name.startswith("checkpoint_exporter_build_info{") for name in got)
-    # The default process/platform/gc collectors are off unless asked for.
-    assert not any(name.startswith(("process_", "python_", "python_gc")) for name in got)
+    # The exporter's own process and Python metrics are on by default, as in node_exporter.
+    assert got["process_resident_memory_bytes"] > 0
+    assert any(name.startswith("python_gc_objects_collected_total{") for name in got)
 
 
 def test_promtool_accepts_the_exposition(exporter, config: Path) -> None:
@@ -82,7 +95,7 @@ def test_openmetrics_and_gzip(exporter, config: Path) -> None:
 
 
 def test_landing_page_health_and_404(exporter, config: Path) -> None:
-    served = exporter("--config.file", str(config))
+    served = ready(exporter("--config.file", str(config)))
     page = served.get("/")
     assert page.status == 200 and page.headers["Content-Type"].startswith("text/html")
     assert "llama70b" in page.text and 'href="/metrics"' in page.text
@@ -92,20 +105,28 @@ def test_landing_page_health_and_404(exporter, config: Path) -> None:
     assert served.get("/nothing-here").status == 404
 
 
-def test_runtime_metrics_and_collector_flags(exporter, config: Path) -> None:
-    served = exporter(
-        "--config.file",
-        str(config),
-        "--web.enable-exporter-metrics",
-        "--no-collector.jobs",
-        "--web.telemetry-path",
-        "/custom",
+def test_exporter_metrics_flags_and_collector_flags(exporter, config: Path) -> None:
+    served = ready(
+        exporter(
+            "--config.file",
+            str(config),
+            "--web.disable-exporter-metrics",
+            "--no-collector.jobs",
+            "--web.telemetry-path",
+            "/custom",
+        )
     )
     text = served.get("/custom").text
-    assert "process_resident_memory_bytes" in text and "python_gc_objects_collected_total" in text
+    assert not re.search(r"^(# [A-Z]+ )?(process|python)_", text, re.M)
     assert "checkpoint_deadline_seconds{" not in text  # the jobs collector is disabled
     assert 'checkpoint_exporter_scrape_collector_success{collector="jobs"}' not in text
+    assert 'checkpoint_exporter_scrape_collector_success{collector="checkpoints"} 1.0' in text
     assert served.get("/metrics").status == 404
+    # The old switch is still accepted (the contract never removes a flag): it does nothing but
+    # say so, since the metrics it used to turn on are on by default.
+    old = exporter("--config.file", str(config), "--web.enable-exporter-metrics")
+    assert "process_resident_memory_bytes" in old.metrics()
+    assert any("--web.enable-exporter-metrics is deprecated" in line for line in old.log)
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
@@ -262,3 +283,80 @@ def test_listen_backlog_holds_a_burst_of_connections(exporter) -> None:
         for pending in sockets:
             pending.close()
     assert served.get("/healthz").status == 200
+
+
+# --- the probes and the runbooks, on a server in this process ---------------------------------
+
+
+@pytest.fixture
+def serve_in_process():
+    """A MetricsServer on a loopback port; stopped by the test's end."""
+    from checkpoint_exporter.config import WebConfig
+    from checkpoint_exporter.exposition import Renderer
+    from checkpoint_exporter.model import Snapshot
+    from checkpoint_exporter.server import MetricsServer
+
+    servers: list[MetricsServer] = []
+
+    def start(**checks) -> str:
+        server = MetricsServer(
+            WebConfig("127.0.0.1:0"), Renderer(lambda: Snapshot(0.0), []), **checks
+        )
+        server.start()
+        servers.append(server)
+        return f"http://127.0.0.1:{server.address.port}"
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+def _get(url: str, method: str = "GET") -> tuple[int, str]:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, method=method), timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def test_healthz_and_readyz_answer_from_their_checks(serve_in_process) -> None:
+    """None from a check: 200 "ok"; a reason: 503 with the reason. /healthz is liveness (a
+    wedged core), /readyz readiness (the first pass)."""
+    state = {"live": None, "ready": "first pass not finished (1 of 3 tiers)"}
+    base = serve_in_process(liveness=lambda: state["live"], readiness=lambda: state["ready"])
+    assert _get(base + "/healthz") == (200, "ok\n")
+    assert _get(base + "/readyz") == (503, "first pass not finished (1 of 3 tiers)\n")
+    assert _get(base + "/readyz", "HEAD") == (503, "")
+    state["ready"] = None
+    assert _get(base + "/readyz") == (200, "ok\n")
+    state["live"] = "the core loop has not turned for 75 s"
+    assert _get(base + "/healthz") == (503, "the core loop has not turned for 75 s\n")
+
+
+def test_a_broken_check_is_a_failed_probe(serve_in_process) -> None:
+    def broken() -> str | None:
+        raise RuntimeError("lock poisoned")
+
+    base = serve_in_process(liveness=broken)
+    assert _get(base + "/healthz") == (503, "the health check itself failed\n")
+    assert _get(base + "/readyz") == (200, "ok\n")  # without a check: ready
+
+
+def test_runbooks_page_has_an_anchor_for_every_heading(serve_in_process) -> None:
+    """Alerts link to /runbooks#<alert in lower case>: every heading of docs/runbooks.md has its
+    GitHub-style id in the page served from the package's copy (`make generate` copies it)."""
+    from checkpoint_exporter.runbooks_page import slug
+    from tests.conftest import REPO
+
+    source = (REPO / "docs" / "runbooks.md").read_text()
+    status, page = _get(serve_in_process() + "/runbooks")
+    assert status == 200 and page.startswith("<!DOCTYPE html>")
+    seen: dict[str, int] = {}
+    headings = re.findall(r"^#{1,6}\s+(.+?)\s*$", source, re.M)
+    assert "CheckpointTooOld" in headings
+    for heading in headings:
+        assert f'id="{slug(heading.replace("`", ""), seen)}"' in page, heading
+    assert 'id="checkpointtooold"' in page and "<script" not in page

@@ -21,6 +21,8 @@ from checkpoint_exporter import webconfig
 from checkpoint_exporter.webconfig import AuthBusy, WebSecurity
 from tests.conftest import Exporter, require_tool, run_cli, write_config
 
+pytestmark = [pytest.mark.daemon]
+
 PASSWORD = "correct horse"
 
 
@@ -282,8 +284,8 @@ def test_a_password_flood_does_not_starve_a_cached_scraper(secured, tmp_path: Pa
     Prometheus scrapes with its cached credentials. With every guess hashed in parallel the
     scrape's median went from 5 ms to about 100 ms on 2 cores; bcrypt checks now run one at a
     time and a cached credential never waits for them (measured: about 12 ms). Ceiling: the
-    flooded median under 4x the quiet median plus 10 ms. The scrape renders every time
-    (--web.enable-exporter-metrics), so it needs the CPU the flood takes."""
+    flooded median under 4x the quiet median plus 10 ms. Each scrape renders the exporter's own
+    process metrics afresh (on by default), so it needs the CPU the flood takes."""
     for index in range(20):
         (tmp_path / "ckpt" / f"job{index}").mkdir(parents=True)
     config = write_config(
@@ -293,9 +295,7 @@ def test_a_password_flood_does_not_starve_a_cached_scraper(secured, tmp_path: Pa
     web = write_config(
         tmp_path, f"basic_auth_users: {{prometheus: {_hash(PASSWORD, rounds=10)}}}\n", "web.yaml"
     )
-    exporter = Exporter(
-        "--config.file", str(config), "--web.config.file", str(web), "--web.enable-exporter-metrics"
-    )
+    exporter = Exporter("--config.file", str(config), "--web.config.file", str(web))
     try:
         scrape = _basic("prometheus", PASSWORD)
         assert _timed_get(exporter.base, "/metrics", scrape)[0] == 200  # now cached
@@ -456,20 +456,59 @@ def test_a_queue_of_password_checks_is_bounded(monkeypatch) -> None:
 
 def test_too_many_waiting_checks_get_429(monkeypatch) -> None:
     """The handler's answer to AuthBusy, through a real server in process."""
-    from prometheus_client import CollectorRegistry
-
     from checkpoint_exporter.config import WebConfig
+    from checkpoint_exporter.exposition import Renderer
+    from checkpoint_exporter.model import Snapshot
     from checkpoint_exporter.server import MetricsServer
 
     security = _security(prometheus=_hash(PASSWORD))
     monkeypatch.setattr(webconfig, "MAX_WAITING_CHECKS", 0)
     web = WebConfig(listen_address="127.0.0.1:0")
-    server = MetricsServer(web, CollectorRegistry(), lambda: None, security=security)
+    server = MetricsServer(web, Renderer(lambda: Snapshot(0.0), []), security=security)
     server.start()
     try:
         base = f"http://127.0.0.1:{server.address.port}"
         status, _ = _timed_get(base, "/metrics", _basic("prometheus", "guess"))
         assert status == 429
         assert _timed_get(base, "/healthz", {})[0] == 200
+    finally:
+        server.stop()
+
+
+def test_probes_need_no_credentials_and_the_runbooks_do() -> None:
+    """/healthz and /readyz are for probes, which carry no credentials; with basic auth on,
+    /runbooks needs the password like every other page (docs/security.md: only the probes are
+    open), and a failing probe's answer is the reason alone."""
+    from checkpoint_exporter.config import WebConfig
+    from checkpoint_exporter.exposition import Renderer
+    from checkpoint_exporter.model import Snapshot
+    from checkpoint_exporter.server import MetricsServer
+
+    security = _security(prometheus=_hash(PASSWORD))
+    web = WebConfig(listen_address="127.0.0.1:0")
+    server = MetricsServer(
+        web,
+        Renderer(lambda: Snapshot(0.0), []),
+        security,
+        liveness=lambda: None,
+        readiness=lambda: "first pass not finished (1 of 3 tiers)",
+    )
+    server.start()
+    try:
+        base = f"http://127.0.0.1:{server.address.port}"
+        assert _timed_get(base, "/healthz", {})[0] == 200
+        assert _timed_get(base, "/readyz", {})[0] == 503
+        for path in ("/runbooks", "/readyz/../runbooks", "/"):
+            assert _timed_get(base, path, {})[0] == 401, path
+        assert _timed_get(base, "/runbooks", _basic("prometheus", PASSWORD))[0] == 200
+        # A body on a probe is refused like anywhere else: nothing is read or echoed.
+        host, port = base.removeprefix("http://").rsplit(":", 1)
+        connection = http.client.HTTPConnection(host, int(port), timeout=10)
+        try:
+            connection.request("GET", "/readyz", body=b"<script>", headers={"Connection": "close"})
+            reply = connection.getresponse()
+            assert reply.status == 400 and b"<script>" not in reply.read()
+        finally:
+            connection.close()
     finally:
         server.stop()

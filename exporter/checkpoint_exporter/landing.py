@@ -21,6 +21,7 @@ import time
 from checkpoint_exporter import __version__
 from checkpoint_exporter.model import (
     STAGING,
+    DaemonState,
     FilesystemState,
     JobState,
     Snapshot,
@@ -245,6 +246,17 @@ def _low(fs: FilesystemState) -> bool:
     return sized and _free(fs) < _finite(fs.reserve_ratio, high=1.0)
 
 
+def _readiness(daemon: DaemonState) -> str:
+    """A line while the first pass runs: until then the page shows part of what is on disk."""
+    if daemon.ready:
+        return ""
+    done = sum(1 for _job, _tier, finished, _entries in daemon.first_scans if finished)
+    return (
+        f'<p class="bad">starting: first pass not finished ({done} of '
+        f"{len(daemon.first_scans)} tiers); what is shown below may be incomplete.</p>"
+    )
+
+
 def render(snapshot: Snapshot, telemetry_path: str) -> str:
     now = time.time()
     path = _esc(telemetry_path)
@@ -278,7 +290,9 @@ def render(snapshot: Snapshot, telemetry_path: str) -> str:
 <meta http-equiv="refresh" content="10"><style>{STYLE}</style></head>
 <body><h1>checkpoint-exporter</h1>
 <p class="muted">Version {_esc(__version__)}. Is every training job's state reaching recoverable
-storage before its deadline? <a href="{path}">Metrics</a> · <a href="/healthz">Health</a></p>
+storage before its deadline? <a href="{path}">Metrics</a> · <a href="/runbooks">Runbooks</a> ·
+<a href="/healthz">Health</a> · <a href="/readyz">Readiness</a></p>
+{_readiness(snapshot.daemon)}
 <p class="legend">{legend}</p>
 {jobs}
 <h2>Capacity</h2>{capacity}

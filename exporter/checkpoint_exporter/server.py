@@ -1,4 +1,5 @@
-"""HTTP: the landing page, /metrics and /healthz. Renders the current snapshot; no other I/O."""
+"""HTTP: the landing page, /metrics, /healthz, /readyz and /runbooks. Renders the current
+snapshot; no other I/O."""
 
 from __future__ import annotations
 
@@ -10,26 +11,25 @@ import logging
 import socket
 import ssl
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
 
 from prometheus_client.exposition import choose_encoder
-from prometheus_client.registry import CollectorRegistry
 
-from checkpoint_exporter import __version__, landing
+from checkpoint_exporter import __version__, landing, runbooks_page
 from checkpoint_exporter.config import ListenAddress, WebConfig, parse_listen_address
-from checkpoint_exporter.exposition import Renderer
-from checkpoint_exporter.model import Snapshot
+from checkpoint_exporter.exposition import Encoder, Renderer
 from checkpoint_exporter.webconfig import AuthBusy, WebSecurity
 
 log = logging.getLogger(__name__)
 
 
-# Answered without authentication: says only "ok", and a probe (kubelet, systemd, a load
-# balancer) has no credentials. Everything else, the landing page included, needs them.
-UNAUTHENTICATED_PATHS = ("/healthz",)
+# Answered without authentication: the probes (kubelet, systemd, a load balancer) have no
+# credentials, and the answers say only "ok" or why not (a reason that names no job or path).
+# Everything else, the landing page and the runbooks included, needs them (docs/security.md).
+UNAUTHENTICATED_PATHS = ("/healthz", "/readyz")
 MAX_DRAINED_BODY = 64 * 1024  # a body on GET is refused; up to this much is read off first
 
 
@@ -84,32 +84,36 @@ def _bind(host: str, port: int, handler: type[BaseHTTPRequestHandler]) -> Thread
     raise AssertionError("unreachable")
 
 
+HealthCheck = Callable[[], str | None]  # None: healthy (or ready); else the reason it is not
+
+
 class MetricsServer:
-    """Serves ``registry`` and a landing page built from the current snapshot."""
+    """Serves ``renderer``'s scrapes, a landing page built from its snapshot, the probes and
+    the runbooks.
+
+    ``liveness`` backs /healthz: it should fail only when the core is wedged, since the kubelet
+    restarts the process when it does. ``readiness`` backs /readyz (the first pass is not
+    finished). Without them, both answer "ok".
+    """
 
     def __init__(
         self,
         web: WebConfig,
-        registry: CollectorRegistry,
-        snapshot: Callable[[], Snapshot],
-        cache_renders: bool = True,
+        renderer: Renderer,
         security: WebSecurity | None = None,
-        renderer: Renderer | None = None,
+        *,
+        liveness: HealthCheck | None = None,
+        readiness: HealthCheck | None = None,
     ) -> None:
         self.web = web
-        self.renderer = renderer  # renders the registry's exporter part, reusing unchanged jobs
+        self.renderer = renderer
         self.security = security or WebSecurity()
-        # The exposition of an immutable snapshot never changes: render it once per snapshot
-        # and format. Off when live process metrics are exported alongside.
-        self.cache_renders = cache_renders
-        self._rendered: dict[str, tuple[Snapshot, bytes]] = {}  # content type -> last render
-        self._render_lock = threading.Lock()
+        self.liveness = liveness
+        self.readiness = readiness
         address = parse_listen_address(web.listen_address)
         handler = type("_BoundHandler", (_Handler,), {"exporter": self})
         self._httpd = _bind(address.host, address.port, handler)
         self._httpd.tls = self.security.tls
-        self.registry = registry
-        self.snapshot = snapshot
         self._thread: threading.Thread | None = None
 
     @property
@@ -125,23 +129,8 @@ class MetricsServer:
         scheme = "https" if self.security.tls is not None else "http"
         return f"{scheme}://{address}{self.web.telemetry_path}"
 
-    def render(self, encoder: Callable[[CollectorRegistry], bytes], content_type: str) -> bytes:
-        if not self.cache_renders:
-            return encoder(self.registry)
-        snapshot = self.snapshot()
-        cached = self._rendered.get(content_type)
-        if cached is not None and cached[0] is snapshot:
-            return cached[1]
-        # One render per snapshot however many scrapers arrive at once: the rest wait for it
-        # (rendering is CPU-bound, so rendering in parallel would only be slower for all).
-        with self._render_lock:
-            snapshot = self.snapshot()
-            cached = self._rendered.get(content_type)
-            if cached is not None and cached[0] is snapshot:
-                return cached[1]
-            body = self.renderer.render(encoder) if self.renderer else encoder(self.registry)
-            self._rendered[content_type] = (snapshot, body)
-            return body
+    def render(self, encoder: Encoder) -> tuple[bytes, ...]:
+        return self.renderer.render_parts(encoder)
 
     def start(self) -> None:
         self._thread = threading.Thread(
@@ -233,10 +222,18 @@ class _Handler(BaseHTTPRequestHandler):
         if path == web.telemetry_path:
             self._metrics()
         elif path == "/healthz":
-            self._send(200, "text/plain; charset=utf-8", b"ok\n")
+            self._probe(self.exporter.liveness)
+        elif path == "/readyz":
+            self._probe(self.exporter.readiness)
         elif path == "/" and web.telemetry_path != "/":
-            page = landing.render(self.exporter.snapshot(), web.telemetry_path)
+            page = landing.render(self.exporter.renderer.snapshot(), web.telemetry_path)
             self._send(200, "text/html; charset=utf-8", page.encode())
+        elif path == "/runbooks":
+            runbooks = runbooks_page.shipped_page()
+            if runbooks is None:
+                self._send(404, "text/plain; charset=utf-8", b"no runbooks in this build\n")
+            else:
+                self._send(200, "text/html; charset=utf-8", runbooks.encode())
         else:
             self._send(404, "text/plain; charset=utf-8", b"not found\n")
 
@@ -264,24 +261,35 @@ class _Handler(BaseHTTPRequestHandler):
             return False
         return self.exporter.security.authorized(user, password)
 
+    def _probe(self, check: HealthCheck | None) -> None:
+        try:
+            reason = check() if check is not None else None
+        except Exception:
+            log.exception("health check failed")
+            reason = "the health check itself failed"
+        if reason is None:
+            self._send(200, "text/plain; charset=utf-8", b"ok\n")
+        else:
+            self._send(503, "text/plain; charset=utf-8", f"{reason}\n".encode())
+
     def _metrics(self) -> None:
         encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
         try:
-            body = self.exporter.render(encoder, content_type)
+            parts = self.exporter.render(encoder)
         except Exception:
             log.exception("rendering metrics failed")
             self._send(500, "text/plain; charset=utf-8", b"error rendering metrics\n")
             return
         encoding = None
         if gzip_accepted(self.headers.get("Accept-Encoding", "")):
-            body, encoding = gzip.compress(body, compresslevel=1), "gzip"
-        self._send(200, content_type, body, encoding)
+            parts, encoding = (gzip.compress(b"".join(parts), compresslevel=1),), "gzip"
+        self._send(200, content_type, parts, encoding)
 
     def _send(
         self,
         status: int,
         content_type: str,
-        body: bytes,
+        body: bytes | Sequence[bytes],
         encoding: str | None = None,
         challenge: bool = False,
         extra: dict[str, str] | None = None,
@@ -293,13 +301,15 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("WWW-Authenticate", 'Basic realm="checkpoint-exporter"')
         if self.close_connection:
             self.send_header("Connection", "close")
+        parts = (body,) if isinstance(body, bytes) else body
         self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Content-Length", str(sum(len(part) for part in parts)))
         if encoding:
             self.send_header("Content-Encoding", encoding)
         self.end_headers()
         if not self._head:
-            self.wfile.write(body)
+            for part in parts:
+                self.wfile.write(part)
 
     def log_message(self, format: str, *args: object) -> None:
         log.debug("http %s %s", self.address_string(), format % args)

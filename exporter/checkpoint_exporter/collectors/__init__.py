@@ -1,27 +1,27 @@
-"""One collector per module, each behind ``metrics.SnapshotCollector``.
+"""One collector per module, each behind ``base.SnapshotCollector``, holding the specs it fills.
 
 Every collector gets a ``--collector.<name>`` / ``--no-collector.<name>`` flag; ``REGISTRY``
-says which exist and which run by default.
+says which exist and which run by default, and ``ALL_SPECS`` lists every metric for
+docs/metrics.md.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
-from checkpoint_exporter.collectors.capacity import CapacityCollector
+from checkpoint_exporter.collectors.base import RENDERER_SPECS, MetricSpec, SnapshotCollector
 from checkpoint_exporter.collectors.checkpoints import CheckpointsCollector
 from checkpoint_exporter.collectors.drain import DrainCollector
 from checkpoint_exporter.collectors.exporter import DaemonCollector
+from checkpoint_exporter.collectors.filesystem import FilesystemCollector
 from checkpoint_exporter.collectors.jobs import JobsCollector
 from checkpoint_exporter.collectors.restores import RestoresCollector
 from checkpoint_exporter.collectors.window import DiskCollector, GpuCollector, NetworkCollector
-from checkpoint_exporter.metrics import SnapshotCollector
 
 
 @dataclass(frozen=True)
 class CollectorEntry:
-    factory: Callable[[], SnapshotCollector]
+    factory: type[SnapshotCollector]
     enabled_by_default: bool
     help: str
 
@@ -39,8 +39,10 @@ REGISTRY: dict[str, CollectorEntry] = {
     DrainCollector.name: CollectorEntry(
         DrainCollector, True, "staging tier to durable tier: backlog, arrival and drain"
     ),
-    CapacityCollector.name: CollectorEntry(
-        CapacityCollector, True, "filesystems behind watched paths: size, avail, reserve"
+    FilesystemCollector.name: CollectorEntry(
+        FilesystemCollector,
+        True,
+        "filesystems behind watched paths: size, avail, reserve, statvfs errors",
     ),
     NetworkCollector.name: CollectorEntry(
         NetworkCollector, True, "NIC and InfiniBand traffic during each job's newest save"
@@ -52,9 +54,17 @@ REGISTRY: dict[str, CollectorEntry] = {
         GpuCollector, True, "GPU utilisation during, and just before, each job's newest save"
     ),
     DaemonCollector.name: CollectorEntry(
-        DaemonCollector, True, "the exporter's own scanning: durations, operations, errors"
+        DaemonCollector,
+        True,
+        "the exporter's own work and health: scans, spool, readiness, stuck mounts, reloads",
     ),
 }
+
+# Every metric the exporter can export: the renderer's own, then each collector's in REGISTRY
+# order (as the --collector flags are listed).
+ALL_SPECS: tuple[MetricSpec, ...] = RENDERER_SPECS + tuple(
+    spec for entry in REGISTRY.values() for spec in entry.factory.specs
+)
 
 
 def enabled_collectors(choices: dict[str, bool]) -> list[SnapshotCollector]:
