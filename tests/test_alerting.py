@@ -1,5 +1,6 @@
 """The generated rules and dashboards: promtool accepts them, every alert is unit-tested both ways,
-annotated and documented, and the generator config really drives them."""
+annotated and documented with a link that resolves, the generator config really drives them, and
+the generators write only where they are told."""
 
 from __future__ import annotations
 
@@ -8,11 +9,16 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
 import yaml
 
 from checkpoint_exporter import dashboards, rules
-from checkpoint_exporter.mixin import ALERTS, MixinConfig
+from checkpoint_exporter.mixin import ALERTS, MixinConfig, load_mixin
+from checkpoint_exporter.schema import ConfigError
+from checkpoint_exporter.units import parse_duration
 from tests.conftest import REPO, require_tool, run_cli, write_config
+
+pytestmark = [pytest.mark.prometheus]
 
 RULES = REPO / "alerts" / "checkpoint-exporter.rules.yaml"
 TESTS = sorted((REPO / "alerts" / "tests").glob("*.yaml"))
@@ -56,7 +62,7 @@ def test_every_alert_is_annotated_and_has_a_runbook_section() -> None:
         summary = rule["annotations"]["summary"]
         assert summary[0].isupper() and summary.endswith(".") and summary.count(". ") == 0
         assert "{{ $labels." in rule["annotations"]["description"]
-        assert rule["annotations"]["runbook_url"].endswith(f"docs/runbooks.md#{name.lower()}")
+        assert rule["annotations"]["runbook_url"] == MixinConfig().runbook(name)
         for part in (
             "**Meaning.**",
             "**First evidence.**",
@@ -78,16 +84,39 @@ def test_thresholds_come_from_the_exported_objectives() -> None:
     assert (
         "checkpoint_deadline_bucket_info" in RULES.read_text()
     )  # the SLO's bucket is the deadline
+    # The one limit the mixin config sets itself: how old a job's view may get.
+    stale_after = f"> {parse_duration(MixinConfig().stale_after):g}"
+    assert expressions["CheckpointDataStale"].endswith(stale_after)
     for name, expr in expressions.items():
         # No durations or byte counts written into a rule: numbers are factors, not limits.
+        expr = expr.replace(stale_after, "")
         assert not re.search(r"\b\d{3,}\b", expr), f"{name} hard-codes a threshold: {expr}"
+
+
+def github_anchor(heading: str) -> str:
+    """The id GitHub gives a Markdown heading: lower case, punctuation dropped, spaces to '-'."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_every_runbook_url_resolves_by_default() -> None:
+    """The default links go to the runbooks each exporter serves, at an anchor that exists."""
+    runbooks = (REPO / "docs" / "runbooks.md").read_text()
+    anchors = {github_anchor(h) for h in re.findall(r"^#{1,6} (.+)$", runbooks, re.M)}
+    served = "http://checkpoint-exporter.monitoring.svc:25780/runbooks"
+    for name, rule in alerts().items():
+        base, _, anchor = rule["annotations"]["runbook_url"].partition("#")
+        assert base == served, name
+        assert anchor in anchors, f"{name}: no heading in docs/runbooks.md has the id {anchor!r}"
+    # What /runbooks serves is the package's copy, which `make generate` keeps identical.
+    assert (REPO / "exporter" / "checkpoint_exporter" / "runbooks.md").read_text() == runbooks
 
 
 def test_the_mixin_config_drives_the_output(tmp_path: Path) -> None:
     mixin = write_config(
         tmp_path,
         'selector: job="ckpt"\nrunbook_url: https://wiki.example/runbooks\nslo_target: 0.995\n'
-        "severity: {CheckpointSaveAborted: critical}\nfor: {CheckpointTooOld: 1m}\n",
+        "severity: {CheckpointSaveAborted: critical}\nfor: {CheckpointTooOld: 1m}\n"
+        "stale_after: 2m\n",
         "mixin.yaml",
     )
     result = run_cli(
@@ -104,17 +133,122 @@ def test_the_mixin_config_drives_the_output(tmp_path: Path) -> None:
         "https://wiki.example/runbooks#checkpointinvalid"
     )
     assert "0.015" in generated["CheckpointDeadlineBudgetBurn"]["expr"]  # 3 x (1 - 0.995)
+    for name in ("CheckpointDataStale", "CheckpointTooOld", "CheckpointSaveHung"):
+        assert "> 120" in generated[name]["expr"], name  # stale_after, and what holds back on it
     manifest = yaml.safe_load((tmp_path / "k8s" / "prometheusrule.yaml").read_text())
     assert manifest["kind"] == "PrometheusRule" and manifest["spec"] == groups
     bad = write_config(
-        tmp_path, "severity: {CheckpointTooOlde: critical}\nslo_taget: 0.9\n", "bad.yaml"
+        tmp_path,
+        "severity: {CheckpointTooOlde: critical}\nslo_taget: 0.9\nstale_after: soon\n",
+        "bad.yaml",
     )
     result = run_cli("rules", "--config.file", str(bad), "--output-dir", str(tmp_path / "x"))
     assert result.returncode == 2
     assert (
         "did you mean 'CheckpointTooOld'?" in result.stderr
         and "did you mean 'slo_target'?" in result.stderr
+        and "stale_after" in result.stderr
     )
+
+
+# Each mixin setting refused, and the start of its problem as printed (the schema may add the
+# value after it): these are the messages users have seen, kept through the move to the schema.
+MIXIN_PROBLEMS = [
+    ("selector: ''", "selector: expected a non-empty string"),
+    ("runbook_url: 3", "runbook_url: expected a non-empty string"),
+    ("cluster_label: [a]", "cluster_label: expected a non-empty string"),
+    ("slo_target: 1", "slo_target: must be a number between 0 and 1"),
+    ("straggler_fraction: true", "straggler_fraction: must be a number between 0 and 1"),
+    ("event_window: 0s", "event_window: must be greater than zero"),
+    ("stale_after: soon", "stale_after: invalid duration 'soon'"),
+    ("drain_margin: 0.9", "drain_margin: must be a number of at least 1"),
+    ("severity: [CheckpointTooOld]", "severity: expected a mapping of alert name to value"),
+    (
+        "severity: {CheckpointTooOld: page}",
+        "severity: CheckpointTooOld: severity must be critical, warning or info",
+    ),
+    (
+        "for: {CheckpointTooOlde: 1m}",
+        "for: unknown alert 'CheckpointTooOlde'; did you mean 'CheckpointTooOld'?",
+    ),
+    ("for: {CheckpointTooOld: 1m, CheckpointInvalid: x}", "for: CheckpointInvalid: invalid"),
+    ("slo_taget: 0.9", "slo_taget: unknown key; did you mean 'slo_target'?"),
+]
+
+
+def test_every_bad_mixin_setting_is_named_on_its_line(tmp_path: Path) -> None:
+    mixin = tmp_path / "mixin.yaml"
+    for setting, expected in MIXIN_PROBLEMS:
+        mixin.write_text(f"# the mixin config\n\n{setting}\n")
+        with pytest.raises(ConfigError) as caught:
+            load_mixin(str(mixin))
+        (found,) = (str(problem) for problem in caught.value.problems)
+        assert found.startswith(f"{mixin}:3: {expected}"), found
+
+
+def test_mixin_durations_must_be_strings_prometheus_reads(tmp_path: Path) -> None:
+    """A bare number passed parse_duration but was printed as it stood: `event_window: 5` made
+    the generator fail with a TypeError, `for: {...: 5}` wrote `for: 5`, which Prometheus
+    refuses. Both are named in the mixin config instead."""
+    for setting, named in (
+        ("event_window: 5", "event_window"),
+        ("stale_after: 90", "stale_after"),
+        ("for: {CheckpointTooOld: 5}", "for: CheckpointTooOld"),
+    ):
+        mixin = write_config(tmp_path, setting + "\n", "mixin.yaml")
+        result = run_cli("rules", "--config.file", str(mixin), "--output-dir", str(tmp_path / "x"))
+        assert result.returncode == 2, (setting, result.stderr)
+        assert f"{mixin}:1: {named}: expected a duration such as 90s" in result.stderr, setting
+        assert "Traceback" not in result.stderr
+
+
+def test_mixin_values_reach_the_rules_as_written(tmp_path: Path) -> None:
+    """No parser turns 2 into 2.0 or 1h into 3600.0: the rules print the value as given."""
+    mixin = write_config(
+        tmp_path,
+        "drain_margin: 2\nevent_window: 1h\nstale_after: 2m\nslo_target: 0.995\n"
+        "severity: {CheckpointSaveAborted: info}\nfor: {CheckpointTooOld: 90s}\n",
+        "mixin.yaml",
+    )
+    config = load_mixin(str(mixin))
+    assert config == MixinConfig(
+        drain_margin=2,
+        event_window="1h",
+        stale_after="2m",
+        slo_target=0.995,
+        severity={"CheckpointSaveAborted": "info"},
+        for_={"CheckpointTooOld": "90s"},
+    )
+    assert type(config.drain_margin) is int
+    expr = {
+        r["alert"]: r
+        for g in rules.rule_groups(config)["groups"]
+        for r in g["rules"]
+        if "alert" in r
+    }
+    assert "> 2 * " in expr["CheckpointDrainFallingBehind"]["expr"]
+    assert expr["CheckpointTooOld"]["for"] == "90s"
+
+
+def test_rules_and_dashboards_write_only_where_they_are_told(tmp_path: Path) -> None:
+    cwd, out = tmp_path / "cwd", tmp_path / "out"
+    cwd.mkdir()
+    for verb in ("rules", "dashboards"):
+        result = run_cli(verb, "--output-dir", str(out / verb), cwd=cwd)
+        assert result.returncode == 0, result.stderr
+    assert list(cwd.iterdir()) == []  # no deploy/kubernetes/ beside them
+    assert [p.name for p in (out / "rules").iterdir()] == ["checkpoint-exporter.rules.yaml"]
+    boards = sorted(p.name for p in (out / "dashboards").iterdir())
+    assert boards == sorted(f"{uid}.json" for uid in dashboards.DASHBOARDS)
+    # The manifests, each with its generator, only when asked for.
+    for verb, manifest in (("rules", "prometheusrule.yaml"), ("dashboards", "dashboards.yaml")):
+        k8s = out / f"{verb}-k8s"
+        result = run_cli(
+            verb, "--output-dir", str(out / verb), "--kubernetes-dir", str(k8s), cwd=cwd
+        )
+        assert result.returncode == 0, result.stderr
+        assert [p.name for p in k8s.iterdir()] == [manifest]
+    assert list(cwd.iterdir()) == []
 
 
 def test_dashboards_have_the_template_variables_and_panels(tmp_path: Path) -> None:

@@ -12,7 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from checkpoint_exporter.mixin import MixinConfig
 from tests.conftest import REPO, require_tool
+
+pytestmark = [pytest.mark.kubectl]
 
 SYSTEMD = REPO / "deploy" / "systemd"
 KUBERNETES = REPO / "deploy" / "kubernetes"
@@ -95,6 +98,35 @@ def test_kustomize_renders_every_object(rendered: list[dict]) -> None:
     dashboards = next(d for d in rendered if d["metadata"]["name"].endswith("-dashboards"))
     assert dashboards["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert len(dashboards["data"]) == 4
+
+
+def test_probes_wait_for_the_port_and_never_for_the_first_pass(rendered: list[dict]) -> None:
+    """The port opens at once, the first pass may take minutes: only readiness waits for it."""
+    daemonset = next(doc for doc in rendered if doc["kind"] == "DaemonSet")
+    container = daemonset["spec"]["template"]["spec"]["containers"][0]
+    startup, readiness, liveness = (
+        container[probe] for probe in ("startupProbe", "readinessProbe", "livenessProbe")
+    )
+    assert startup["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert readiness["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    assert liveness["httpGet"] == {"path": "/healthz", "port": "metrics"}
+
+    def patience(probe: dict) -> int:  # seconds of failures before the kubelet acts
+        return probe.get("periodSeconds", 10) * probe.get("failureThreshold", 3)
+
+    assert patience(startup) >= 60  # interpreter, imports and NVML before the port opens
+    assert patience(liveness) >= 60  # a wedged core, not a slow scrape
+    assert {"name": "metrics", "containerPort": 25780, "protocol": "TCP"} in container["ports"]
+
+
+def test_the_default_runbook_url_is_the_service(rendered: list[dict]) -> None:
+    """Alerts link to /runbooks on the exporters, through the Service these manifests create."""
+    service = next(doc for doc in rendered if doc["kind"] == "Service")
+    port = next(p["port"] for p in service["spec"]["ports"] if p["name"] == "metrics")
+    name, namespace = service["metadata"]["name"], service["metadata"]["namespace"]
+    assert MixinConfig().runbook_url == f"http://{name}.{namespace}.svc:{port}/runbooks"
+    # Its name resolves to exporters still on their first pass too: they serve /runbooks.
+    assert service["spec"]["publishNotReadyAddresses"] is True
 
 
 def test_core_objects_pass_the_kubernetes_schemas(rendered: list[dict], tmp_path: Path) -> None:

@@ -6,9 +6,12 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tests.conftest import REPO, require_tool
+
+pytestmark = [pytest.mark.prometheus]
 
 
 def documented(name: str) -> str:

@@ -31,6 +31,8 @@ from tests.conftest import CLI, REPO, Exporter, require_tool, wait_for, write_co
 from tests.helpers.node import FakeNode
 from tests.helpers.trees import dcp_generation
 
+pytestmark = [pytest.mark.prometheus, pytest.mark.daemon]
+
 MB = 1e6
 
 

@@ -298,8 +298,16 @@ def _prometheus(workdir: Path, processes: Processes, port: int) -> list[str]:
     from checkpoint_exporter.mixin import MixinConfig
 
     prometheus_port, alertmanager_port = port + 10, port + 11
-    demo_for = {name: "0s" for name in ALERTS if name != "CheckpointExporterDown"}
-    mixin = MixinConfig(event_window="2m", for_=demo_for)
+    # NotReady is left its own `for`: the demo's first pass is not a fault to show.
+    demo_for = {
+        name: "0s"
+        for name in ALERTS
+        if name not in ("CheckpointExporterDown", "CheckpointExporterNotReady")
+    }
+    # The demo's alerts link to the runbooks this exporter serves.
+    mixin = MixinConfig(
+        event_window="2m", for_=demo_for, runbook_url=f"http://127.0.0.1:{port}/runbooks"
+    )
     rule_file = workdir / "rules.yaml"
     rule_file.write_text(rules.to_yaml(rules.rule_groups(mixin)))
     (workdir / "alertmanager.yaml").write_text(yaml.safe_dump({

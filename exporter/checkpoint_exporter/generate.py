@@ -49,6 +49,10 @@ def _metrics_doc(root: Path) -> str:
     return text
 
 
+def _runbooks(root: Path) -> str:
+    return (root / "docs" / "runbooks.md").read_text()
+
+
 def _dashboards_configmap(files: dict[str, str]) -> str:
     """The dashboards as a ConfigMap that Grafana's dashboard sidecar picks up."""
     manifest = {
@@ -68,11 +72,9 @@ def outputs(mixin: MixinConfig) -> dict[str, dict[str, str]]:
     boards = {f"{uid}.json": dashboards.dashboard_json(uid, mixin) for uid in dashboards.DASHBOARDS}
     return {
         "rules": {"checkpoint-exporter.rules.yaml": rules.to_yaml(rules.rule_groups(mixin))},
-        "prometheusrule": {
-            "prometheusrule.yaml": rules.to_yaml(rules.prometheus_rule(mixin)),
-            "dashboards.yaml": _dashboards_configmap(boards),
-        },
+        "prometheusrule": {"prometheusrule.yaml": rules.to_yaml(rules.prometheus_rule(mixin))},
         "dashboards": boards,
+        "dashboards-configmap": {"dashboards.yaml": _dashboards_configmap(boards)},
     }
 
 
@@ -91,8 +93,17 @@ def write_outputs(mixin: MixinConfig, targets: dict[str, Path]) -> list[Path]:
 def _committed() -> dict[str, Callable[[Path], str]]:
     """Each generated file, relative to the repository root, and how to build it."""
     built = outputs(MixinConfig())
-    where = {"rules": "alerts", "prometheusrule": "deploy/kubernetes", "dashboards": "dashboards"}
-    targets: dict[str, Callable[[Path], str]] = {"docs/metrics.md": _metrics_doc}
+    where = {
+        "rules": "alerts",
+        "prometheusrule": "deploy/kubernetes",
+        "dashboards": "dashboards",
+        "dashboards-configmap": "deploy/kubernetes",
+    }
+    targets: dict[str, Callable[[Path], str]] = {
+        "docs/metrics.md": _metrics_doc,
+        # The exporter serves its runbooks at /runbooks, where the alerts' runbook_url points.
+        "exporter/checkpoint_exporter/runbooks.md": _runbooks,
+    }
     for kind, files in built.items():
         for name, content in files.items():
             targets[f"{where[kind]}/{name}"] = lambda _root, content=content: content

@@ -7,11 +7,17 @@ selector that finds the exporters, severities, ``for`` durations, the runbook lo
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
-from pathlib import Path
-from typing import Any
+from dataclasses import dataclass, field, replace
 
-from checkpoint_exporter.config import ConfigError, ConfigProblem, did_you_mean, read_yaml_file
+from checkpoint_exporter.schema import (
+    Field,
+    Parser,
+    did_you_mean,
+    positive_duration,
+    read_mapping_file,
+    text,
+    type_name,
+)
 from checkpoint_exporter.units import parse_duration
 
 CRITICAL = "critical"  # pages
@@ -38,18 +44,26 @@ ALERTS: dict[str, tuple[str, str, str]] = {
     "CheckpointRetentionExceeded": (WARNING, "1h", "More checkpoint generations are retained than the job's limit."),
     "CheckpointNoRecoverableGeneration": (CRITICAL, "5m", "The job has no committed, valid checkpoint generation left."),
     "CheckpointStorageClockSkew": (WARNING, "15m", "Checkpoint file times disagree with the node's clock by more than a minute."),
+    # The exporter's own view: when it cannot be trusted, the alerts above are blind or wrong.
+    "CheckpointDataStale": (CRITICAL, "5m", "No exporter has confirmed its view of a job's checkpoints for longer than stale_after."),
+    "CheckpointMountStuck": (WARNING, "5m", "A filesystem operation on a checkpoint mount has not answered within its time budget."),
+    "CheckpointExporterBadConfig": (WARNING, "10m", "The checkpoint-exporter configuration could not be reloaded."),
+    "CheckpointExporterNotReady": (CRITICAL, "30m", "A checkpoint-exporter has not finished the first pass of every watched tier."),
 }  # fmt: skip
 
 
 @dataclass(frozen=True)
 class MixinConfig:
     selector: str = 'job="checkpoint-exporter"'  # finds the exporters' series
-    runbook_url: str = (
-        "https://github.com/checkpoint-exporter/checkpoint-exporter/blob/main/docs/runbooks.md"
-    )
+    # The runbooks each exporter serves itself, through the Service of deploy/kubernetes/: a link
+    # that resolves wherever the manifests run. Outside the cluster, point this at a wiki.
+    runbook_url: str = "http://checkpoint-exporter.monitoring.svc:25780/runbooks"
     cluster_label: str = "cluster"  # the label that tells clusters apart in dashboards
     slo_target: float = 0.99  # share of saves that meet their deadline
     event_window: str = "30m"  # how long a deadline miss, abort or failed restore keeps firing
+    # A job's view older than this is stale (an inotify tier is confirmed every ~30 s, a polled
+    # one every poll_interval): CheckpointDataStale, and the age-based alerts hold back.
+    stale_after: str = "5m"
     straggler_fraction: float = 0.25  # a node this share of the deadline behind the first
     drain_margin: float = 1.1  # arrival above drain by this factor means falling behind
     severity: dict[str, str] = field(default_factory=dict)  # alert -> severity override
@@ -65,59 +79,77 @@ class MixinConfig:
         return f"{self.runbook_url}#{alert.lower()}"
 
 
-_KEYS = {f.name if f.name != "for_" else "for" for f in fields(MixinConfig)}
+def _alert_settings(check: Parser) -> Parser:
+    """A mapping of alert name to a setting ``check`` accepts; the first bad entry is the
+    problem reported."""
+
+    def parse(value: object) -> object:
+        if not isinstance(value, dict):
+            raise ValueError("expected a mapping of alert name to value")
+        for alert, setting in value.items():
+            if alert not in ALERTS:
+                raise ValueError(f"unknown alert {alert!r}" + did_you_mean(alert, ALERTS))
+            try:
+                check(setting)
+            except ValueError as error:
+                raise ValueError(f"{alert}: {error}") from None
+        return value
+
+    return parse
+
+
+def _severity(value: object) -> object:
+    if value not in (CRITICAL, WARNING, "info"):
+        raise ValueError("severity must be critical, warning or info")
+    return value
+
+
+def _duration_string(check: Parser) -> Parser:
+    """A duration ``check`` accepts, spelled as a string: the rules print it as it stands, and
+    Prometheus reads a bare number (90) as no duration at all."""
+
+    def parse(value: object) -> object:
+        if not isinstance(value, str):
+            raise ValueError(f"expected a duration such as 90s, 15m or 1h, got {type_name(value)}")
+        check(value)
+        return value
+
+    return parse
+
+
+def _open_fraction(value: object) -> object:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+        raise ValueError("must be a number between 0 and 1")
+    return value
+
+
+def _factor(value: object) -> object:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 1:
+        raise ValueError("must be a number of at least 1")
+    return value
+
+
+# Every parser returns the value as written, never float() or seconds: the rules print it, and
+# 2 rather than 2.0 (or 30m rather than 1800.0) keeps the generated files as they are.
+_FIELDS = (
+    Field("selector", text),
+    Field("runbook_url", text),
+    Field("cluster_label", text),
+    Field("slo_target", _open_fraction),
+    Field("event_window", _duration_string(positive_duration)),
+    Field("stale_after", _duration_string(positive_duration)),
+    Field("straggler_fraction", _open_fraction),
+    Field("drain_margin", _factor),
+    Field("severity", _alert_settings(_severity)),
+    Field("for", _alert_settings(_duration_string(parse_duration))),
+)
 
 
 def load_mixin(path: str | None) -> MixinConfig:
     """The mixin config from a YAML file (every key optional); defaults without one."""
     if path is None:
         return MixinConfig()
-    file = Path(path)
-    document = read_yaml_file(file)
-    problems = list(document.problems)
-    data: Any = document.data or {}
-    if not isinstance(data, dict):
-        raise ConfigError([*problems, ConfigProblem(str(file), "", "expected a mapping")])
-    values: dict[str, Any] = {}
-    for key, value in data.items():
-        line = document.lines.get((key,))
-        if key not in _KEYS:
-            hint = did_you_mean(key, _KEYS)
-            problems.append(ConfigProblem(str(file), str(key), f"unknown key{hint}", line))
-            continue
-        reason = _check(key, value)
-        if reason:
-            problems.append(ConfigProblem(str(file), str(key), reason, line))
-        values["for_" if key == "for" else key] = value
-    if problems:
-        raise ConfigError(problems)
-    return replace(MixinConfig(), **values)
-
-
-def _check(key: str, value: object) -> str | None:
-    if key in ("severity", "for"):
-        if not isinstance(value, dict):
-            return "expected a mapping of alert name to value"
-        for alert, setting in value.items():
-            if alert not in ALERTS:
-                return f"unknown alert {alert!r}" + did_you_mean(alert, ALERTS)
-            if key == "severity" and setting not in (CRITICAL, WARNING, "info"):
-                return f"{alert}: severity must be critical, warning or info"
-            if key == "for":
-                try:
-                    parse_duration(setting)
-                except ValueError as error:
-                    return f"{alert}: {error}"
-        return None
-    if key == "event_window":
-        try:
-            return None if parse_duration(value) > 0 else "must be greater than zero"
-        except ValueError as error:
-            return str(error)
-    if key in ("slo_target", "straggler_fraction"):
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < 1
-        return None if ok else "must be a number between 0 and 1"
-    if key == "drain_margin":
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 1
-        return None if ok else "must be a number of at least 1"
-    return None if isinstance(value, str) and value else "expected a non-empty string"
+    data, problems = read_mapping_file(path)
+    values = problems.check({str(k): v for k, v in data.items()}, (), _FIELDS, list_known=False)
+    problems.raise_if_any()
+    return replace(MixinConfig(), **{"for_" if k == "for" else k: v for k, v in values.items()})

@@ -4,6 +4,10 @@ Every threshold is one of the objectives the exporters export per job (interval,
 retention limit, restore drill age), so one rule fits every job. Several nodes that watch one
 shared filesystem export the same job: recording rules reduce them with ``max by
 (training_job)``; what differs per node (straggler write ends, local drain) keeps its instance.
+
+Series that stop moving because an exporter cannot see a job (a hung mount) hold their last
+values: the alerts on the age of a timestamp would then fire on a job that may be saving fine, so
+they hold back while the job's view is stale, and CheckpointDataStale pages instead.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from typing import Any
 import yaml
 
 from checkpoint_exporter.mixin import ALERTS, MixinConfig
+from checkpoint_exporter.units import parse_duration
 
 # Recording rules: level:metric:operation.
 LAST_COMMITTED = "training_job:checkpoint_last_committed_timestamp_seconds:max"
@@ -27,6 +32,8 @@ DRAIN = "instance:checkpoint_drained_bytes:rate30m"
 GENERATIONS_THAT_FIT = "training_job:checkpoint_generations_that_fit:count"
 PEAK_FOOTPRINT = "mountpoint:checkpoint_peak_footprint:ratio"
 AVAIL_PREDICTED = "mountpoint:checkpoint_filesystem_avail_bytes:predict_linear24h"
+# The freshest view any exporter has of a job's tier (shared scanners run in pairs).
+LAST_SCAN_SUCCESS = "training_job_tier:checkpoint_exporter_last_scan_success_timestamp_seconds:max"
 SLO_WINDOWS = ("2h", "6h", "1d", "3d")
 
 
@@ -78,6 +85,9 @@ max by ({cl}, instance, mountpoint) (
 )"""},
         {"record": AVAIL_PREDICTED,
          "expr": f"predict_linear(checkpoint_filesystem_avail_bytes{s}[6h], 86400)"},
+        # 0 before the tier's first pass: CheckpointExporterNotReady covers that time.
+        {"record": LAST_SCAN_SUCCESS,
+         "expr": f"max by ({cl}, training_job, tier) (checkpoint_exporter_last_scan_success_timestamp_seconds{s} > 0)"},
     ]  # fmt: skip
     for window in SLO_WINDOWS:
         # The deadline's own bucket: checkpoint_deadline_bucket_info names its `le`.
@@ -95,18 +105,29 @@ max by ({cl}, instance, mountpoint) (
     return rules
 
 
+def stale_views(c: MixinConfig, tier: str | None = None) -> str:
+    """The job tiers (one ``tier``, or any) whose freshest view is older than ``stale_after``."""
+    selector = f'{{tier="{tier}"}}' if tier else ""
+    return f"time() - {LAST_SCAN_SUCCESS}{selector} > {parse_duration(c.stale_after):g}"
+
+
 def _alert_exprs(c: MixinConfig) -> dict[str, str]:
     s = "{" + c.selector + "}"
     cl = c.cluster_label
     w = c.event_window
     budget = 1 - c.slo_target
     write_end = f"checkpoint_last_save_local_write_end_timestamp_seconds{s}"
+    # The ages below grow by themselves once a job's series stop moving.
+    unless_stale = f"unless on ({cl}, training_job)\n  ({stale_views(c)})"
     return {
-        "CheckpointTooOld": f"time() - {LAST_COMMITTED}\n> {INTERVAL} + {DEADLINE}",
+        "CheckpointTooOld": (
+            f"(time() - {LAST_COMMITTED}\n> {INTERVAL} + {DEADLINE})\n"
+            f"unless on ({cl}, training_job)\n  ({stale_views(c, 'durable')})"
+        ),
         "CheckpointDeadlineMissed": f"max by ({cl}, training_job) (increase(checkpoint_deadline_misses_total{s}[{w}])) > 0",
         "CheckpointSaveHung": (
-            f"time() - max by ({cl}, training_job) (checkpoint_oldest_save_in_progress_start_timestamp_seconds{s} > 0)\n"
-            f"> 2 * {DEADLINE}"
+            f"(time() - max by ({cl}, training_job) (checkpoint_oldest_save_in_progress_start_timestamp_seconds{s} > 0)\n"
+            f"> 2 * {DEADLINE})\n{unless_stale}"
         ),
         "CheckpointSavesPilingUp": f"max by ({cl}, training_job) (checkpoint_saves_in_progress{s}) > 1",
         "CheckpointSaveAborted": f"max by ({cl}, training_job) (increase(checkpoint_saves_aborted_total{s}[{w}])) > 0",
@@ -122,8 +143,8 @@ def _alert_exprs(c: MixinConfig) -> dict[str, str]:
             f"{ARRIVAL} > {c.drain_margin} * {DRAIN}\nand checkpoint_drain_backlog_bytes{s} > 0"
         ),
         "CheckpointDrainStalled": (
-            f"time() - (checkpoint_oldest_undrained_commit_timestamp_seconds{s} > 0)\n"
-            f"> checkpoint_interval_seconds{s} + checkpoint_deadline_seconds{s}"
+            f"(time() - (checkpoint_oldest_undrained_commit_timestamp_seconds{s} > 0)\n"
+            f"> checkpoint_interval_seconds{s} + checkpoint_deadline_seconds{s})\n{unless_stale}"
         ),
         "CheckpointCapacityLow": f"{GENERATIONS_THAT_FIT} < 1",
         "CheckpointCapacityFillingUp": (
@@ -150,6 +171,16 @@ def _alert_exprs(c: MixinConfig) -> dict[str, str]:
         "CheckpointStorageClockSkew": (
             f"max by ({cl}, instance, training_job) (abs(checkpoint_storage_clock_skew_seconds{s})) > 60"
         ),
+        "CheckpointDataStale": stale_views(c),
+        "CheckpointMountStuck": (
+            f"max by ({cl}, instance, mountpoint) (\n"
+            f"  checkpoint_exporter_mount_stuck{s} == 1 or checkpoint_filesystem_device_error{s} == 1\n)"
+        ),
+        # As PrometheusBadConfig: max_over_time rides out a missed scrape.
+        "CheckpointExporterBadConfig": (
+            f"max_over_time(checkpoint_exporter_config_last_reload_successful{s}[5m]) == 0"
+        ),
+        "CheckpointExporterNotReady": f"checkpoint_exporter_ready{s} == 0",
     }  # fmt: skip
 
 
@@ -173,6 +204,10 @@ _DESCRIPTIONS = {
     "CheckpointRetentionExceeded": "{{ $labels.training_job }}: {{ $value }} generations are retained, more than its limit.",
     "CheckpointNoRecoverableGeneration": "{{ $labels.training_job }}: no committed checkpoint that passes validation is left to restore from.",
     "CheckpointStorageClockSkew": "{{ $labels.training_job }} on {{ $labels.instance }}: file times are {{ $value | humanizeDuration }} off this node's clock; ages, and time windows from disk alone, are off by as much.",
+    "CheckpointDataStale": "{{ $labels.training_job }} ({{ $labels.tier }} tier): no exporter has confirmed its view for {{ $value | humanizeDuration }}; its other checkpoint alerts cannot be trusted, and the age-based ones hold back until it is fresh again.",
+    "CheckpointMountStuck": "{{ $labels.mountpoint }} on {{ $labels.instance }}: a scan, validation read or statvfs has not answered within its budget (or statvfs fails); the jobs on it are not updated.",
+    "CheckpointExporterBadConfig": "checkpoint-exporter {{ $labels.instance }}: the last configuration reload failed; it runs the previous configuration, and a restart would fail.",
+    "CheckpointExporterNotReady": "checkpoint-exporter {{ $labels.instance }} has not finished the first pass of every watched tier (checkpoint_exporter_first_scan_done names them); the jobs not passed yet export nothing to alert on.",
 }  # fmt: skip
 
 
