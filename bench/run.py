@@ -32,7 +32,7 @@ from checkpoint_exporter import __version__  # noqa: E402
 
 RESULTS = HERE / "results"
 DOC = REPO / "docs" / "performance.md"
-BENCHMARKS = ("scrape", "scan", "detect", "metadata", "sampler", "load", "rules")
+BENCHMARKS = ("scrape", "scan", "idle", "detect", "metadata", "sampler", "load", "rules")
 
 
 def machine() -> dict[str, object]:
@@ -123,6 +123,21 @@ def run_detect(args: argparse.Namespace) -> str:
     )  # fmt: skip
 
 
+def run_idle(args: argparse.Namespace) -> str:
+    from idle import bench_idle
+
+    rows = bench_idle()
+    _write("idle", rows)
+    return _table(
+        ["jobs", "mode", "poll interval", "start to port s", "start to all jobs s", "idle CPU s/h",
+         "% of a core", "RSS MB", "vs fewest jobs"],
+        [[f"{r['jobs']:,}", r["mode"], r["poll_interval"] or "-", f"{r['start_to_port_s']:.2f}",
+          f"{r['start_to_all_jobs_s']:.2f}", f"{r['cpu_s_per_hour']:.1f}",
+          f"{r['core_percent']:.2f}", f"{r['rss_mb']:.0f}",
+          f"{r['ratio_to_fewest']:.2f}x" if "ratio_to_fewest" in r else ""] for r in rows],
+    )  # fmt: skip
+
+
 def run_metadata(args: argparse.Namespace) -> str:
     from metadata import bench_metadata
 
@@ -185,8 +200,8 @@ def run_rules(args: argparse.Namespace) -> str:
 
 
 RUNNERS: dict[str, Callable[[argparse.Namespace], str]] = {
-    "scrape": run_scrape, "scan": run_scan, "detect": run_detect, "metadata": run_metadata,
-    "sampler": run_sampler, "load": run_load, "rules": run_rules,
+    "scrape": run_scrape, "scan": run_scan, "idle": run_idle, "detect": run_detect,
+    "metadata": run_metadata, "sampler": run_sampler, "load": run_load, "rules": run_rules,
 }  # fmt: skip
 
 

@@ -58,6 +58,7 @@ class Exporter:
         cwd: Path | None = None,
         prefix: list[str] | None = None,
         env: dict[str, str] | None = None,
+        ready: bool = True,
     ):
         self.process = subprocess.Popen(
             [*(prefix or []), *CLI, "serve", "--web.listen-address", "127.0.0.1:0", *args],
@@ -71,6 +72,17 @@ class Exporter:
         self.log: list[str] = []
         threading.Thread(target=self._pump, daemon=True).start()
         self.base = self._wait_for_url()
+        if ready:
+            self.wait_ready()
+
+    def wait_ready(self, timeout: float = 30) -> None:
+        """Until the first pass is done (the port opens before it). Read from the log, so it
+        works with TLS and basic auth alike."""
+        try:
+            wait_for(lambda: any("ready: " in line for line in self.log), timeout)
+        except AssertionError:
+            self.process.kill()
+            raise AssertionError("exporter never became ready:\n" + "".join(self.log)) from None
 
     def _pump(self) -> None:
         assert self.process.stderr is not None
@@ -139,8 +151,9 @@ def exporter() -> Iterator[type[Exporter]]:
         cwd: Path | None = None,
         prefix: list[str] | None = None,
         env: dict[str, str] | None = None,
+        ready: bool = True,
     ) -> Exporter:
-        instance = Exporter(*args, cwd=cwd, prefix=prefix, env=env)
+        instance = Exporter(*args, cwd=cwd, prefix=prefix, env=env, ready=ready)
         started.append(instance)
         return instance
 

@@ -14,6 +14,8 @@ import pytest
 
 from tests.conftest import require_tool
 
+pytestmark = [pytest.mark.prometheus, pytest.mark.daemon]
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
 

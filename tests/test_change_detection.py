@@ -140,11 +140,13 @@ def single(size: int, mtime: float, name: str = "last.ckpt") -> Found:
 def test_a_generation_without_marker_commits_once_still_and_whole() -> None:
     tracker = job()
     tracker.observe(DURABLE, [], T)
-    assert tracker.observe(DURABLE, [single(10, T + 1)], T + 1) == []
-    assert tracker.observe(DURABLE, [single(500, T + 2)], T + 2) == []  # still growing
-    assert tracker.observe(DURABLE, [single(500, T + 2)], T + 6.9) == []  # not still long enough
+    assert tracker.observe(DURABLE, [single(10, T + 1)], T + 1).requests == []
+    assert tracker.observe(DURABLE, [single(500, T + 2)], T + 2).requests == []  # still growing
+    assert (
+        tracker.observe(DURABLE, [single(500, T + 2)], T + 6.9).requests == []
+    )  # not still long enough
     assert tracker.state().generations[0].state == WRITING
-    (request,) = tracker.observe(DURABLE, [single(500, T + 2)], T + 7)
+    (request,) = tracker.observe(DURABLE, [single(500, T + 2)], T + 7).requests
     tracker.submitted(request)
     tracker.apply_verdict(request, Verdict(True, step=42))
     state = tracker.state()
@@ -158,7 +160,7 @@ def test_an_incomplete_one_is_aborted_at_the_deadline_not_at_the_settle(caplog) 
     tracker = job(deadline=30, settle=5)
     tracker.observe(DURABLE, [], T)
     tracker.observe(DURABLE, [single(500, T + 1)], T + 1)
-    (request,) = tracker.observe(DURABLE, [single(500, T + 1)], T + 6)
+    (request,) = tracker.observe(DURABLE, [single(500, T + 1)], T + 6).requests
     tracker.submitted(request)
     tracker.apply_verdict(request, Verdict(False, "bad_zip", "no end record"))
     tracker.tick(T + 20)  # a writer may pause between two chunks: not yet
@@ -172,7 +174,7 @@ def test_an_incomplete_one_is_aborted_at_the_deadline_not_at_the_settle(caplog) 
 
 def test_found_at_start_up_it_is_history_judged_at_once() -> None:
     tracker = job()
-    (request,) = tracker.observe(DURABLE, [single(500, T)], T + 3600)
+    (request,) = tracker.observe(DURABLE, [single(500, T)], T + 3600).requests
     tracker.submitted(request)
     tracker.apply_verdict(request, Verdict(True))
     state = tracker.state()
@@ -183,11 +185,11 @@ def test_rewritten_after_its_verdict_it_is_a_new_save() -> None:
     tracker = job()
     tracker.observe(DURABLE, [], T)
     tracker.observe(DURABLE, [single(500, T + 1)], T + 1)
-    (request,) = tracker.observe(DURABLE, [single(500, T + 1)], T + 7)
+    (request,) = tracker.observe(DURABLE, [single(500, T + 1)], T + 7).requests
     tracker.apply_verdict(request, Verdict(True))
     tracker.observe(DURABLE, [single(700, T + 60)], T + 60)  # last.ckpt saved again
     assert tracker.state().generations[0].state == WRITING
-    (request,) = tracker.observe(DURABLE, [single(700, T + 60)], T + 66)
+    (request,) = tracker.observe(DURABLE, [single(700, T + 60)], T + 66).requests
     tracker.apply_verdict(request, Verdict(True))
     state = tracker.state()
     assert (state.generations[0].state, state.saves_committed) == (COMMITTED, 2)
@@ -196,11 +198,11 @@ def test_rewritten_after_its_verdict_it_is_a_new_save() -> None:
 def test_the_valid_gauge_keeps_its_verdict_while_a_newer_generation_is_validated() -> None:
     tracker = job()
     old = Found("step-1", 1, COMMITTED, T, T + 1, T + 1, 10, 1, (Check(ZIP, "a"),))
-    (request,) = tracker.observe(DURABLE, [old], T + 2)
+    (request,) = tracker.observe(DURABLE, [old], T + 2).requests
     tracker.apply_verdict(request, Verdict(True))
     assert tracker.state().last_committed_valid is True
     new = Found("step-2", 2, COMMITTED, T + 10, T + 11, T + 11, 10, 1, (Check(ZIP, "b"),))
-    (request,) = tracker.observe(DURABLE, [old, new], T + 12)
+    (request,) = tracker.observe(DURABLE, [old, new], T + 12).requests
     state = tracker.state()
     assert state.last_committed_valid is True  # not absent while step-2 is checked
     tracker.apply_verdict(request, Verdict(False, "bad_zip"))
@@ -213,7 +215,7 @@ def test_a_rewrite_in_place_keeps_the_last_commit_visible_until_judged() -> None
     tracker = job()
     tracker.observe(DURABLE, [], T)
     tracker.observe(DURABLE, [single(500, T + 1)], T + 1)
-    (request,) = tracker.observe(DURABLE, [single(500, T + 1)], T + 7)
+    (request,) = tracker.observe(DURABLE, [single(500, T + 1)], T + 7).requests
     tracker.apply_verdict(request, Verdict(True))
     tracker.observe(DURABLE, [single(900, T + 60)], T + 60)
     views = {g.state: g for g in tracker.state().generations}
@@ -248,14 +250,14 @@ def test_a_rewrite_that_truncates_first_is_a_save_not_a_deletion() -> None:
     tracker = job()
     tracker.observe(DURABLE, [], T)
     tracker.observe(DURABLE, [single(500, T + 1)], T + 1)
-    (request,) = tracker.observe(DURABLE, [single(500, T + 1)], T + 7)
+    (request,) = tracker.observe(DURABLE, [single(500, T + 1)], T + 7).requests
     tracker.apply_verdict(request, Verdict(True))
     tracker.observe(DURABLE, [single(10, T + 60)], T + 60)  # truncated, being copied
     state = tracker.state()
     assert {g.state for g in state.generations} == {WRITING, COMMITTED}
     assert newest_committed(state).bytes == 500
     tracker.observe(DURABLE, [single(499, T + 61)], T + 61)  # the copy done
-    (request,) = tracker.observe(DURABLE, [single(499, T + 61)], T + 67)
+    (request,) = tracker.observe(DURABLE, [single(499, T + 61)], T + 67).requests
     tracker.apply_verdict(request, Verdict(True))
     state = tracker.state()
     assert ([g.state for g in state.generations], state.saves_committed) == ([COMMITTED], 2)
@@ -302,7 +304,7 @@ def test_history_is_never_counted_not_even_as_an_abort() -> None:
     """An old truncated last.ckpt found at start-up: aborted on the gauges, not counted (a
     restart must not grow saves_aborted_total)."""
     tracker = job(deadline=30)
-    (request,) = tracker.observe(DURABLE, [single(500, T)], T + 3600)
+    (request,) = tracker.observe(DURABLE, [single(500, T)], T + 3600).requests
     tracker.apply_verdict(request, Verdict(False, "bad_zip"))
     tracker.tick(T + 3600 + 31)
     state = tracker.state()
@@ -324,13 +326,13 @@ def test_checks_that_could_not_run_are_asked_again_later_never_judged() -> None:
     tracker = job(deadline=30)
     tracker.observe(DURABLE, [], T)
     tracker.observe(DURABLE, [single(500, T + 1)], T + 1)
-    (request,) = tracker.observe(DURABLE, [single(500, T + 1)], T + 7)
+    (request,) = tracker.observe(DURABLE, [single(500, T + 1)], T + 7).requests
     tracker.submitted(request)
     tracker.retry_validation(request, not_before=T + 37)
-    assert tracker.observe(DURABLE, [single(500, T + 1)], T + 20) == []
+    assert tracker.observe(DURABLE, [single(500, T + 1)], T + 20).requests == []
     tracker.tick(T + 100)  # past the deadline: still not judged, so not aborted
     assert tracker.state().generations[0].state == WRITING
     assert tracker.validation_retry_due(T + 38)
-    (request,) = tracker.observe(DURABLE, [single(500, T + 1)], T + 38)
+    (request,) = tracker.observe(DURABLE, [single(500, T + 1)], T + 38).requests
     tracker.apply_verdict(request, Verdict(True))
     assert tracker.state().saves_committed == 1

@@ -15,6 +15,8 @@ import pytest
 from checkpoint_exporter import dcp_metadata
 from checkpoint_exporter.dcp_metadata import MetadataError
 
+pytestmark = [pytest.mark.torch]
+
 WRITE_REAL = r"""
 import sys, warnings
 warnings.filterwarnings("ignore")

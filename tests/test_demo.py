@@ -15,10 +15,13 @@ import urllib.request
 from pathlib import Path
 
 import psutil
+import pytest
 
 from checkpoint_exporter import dcp_metadata
 from checkpoint_exporter.demo import dcp_metadata as demo_metadata
 from tests.conftest import CLI, REPO, require_tool, sample, wait_for
+
+pytestmark = [pytest.mark.chromium, pytest.mark.prometheus, pytest.mark.torch, pytest.mark.daemon]
 
 ARTIFACTS = REPO / "test-artifacts"
 

@@ -19,6 +19,8 @@ import pytest
 
 from tests.conftest import CLI, REPO, Exporter, sample, wait_for, write_config
 
+pytestmark = [pytest.mark.torch, pytest.mark.daemon]
+
 WRITER = REPO / "tests" / "helpers" / "dcp_writer.py"
 PHASES = ("pause", "staging", "write", "commit", "total")
 

@@ -18,6 +18,8 @@ import pytest
 from tests.conftest import Exporter, sample, wait_for, write_config
 from tests.helpers.writer import Writer
 
+pytestmark = [pytest.mark.daemon]
+
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory):

@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import sys
 
+import pytest
+
 from tests.conftest import REPO
 
 sys.path.insert(0, str(REPO / "bench"))
 
 from load import report, run_load
+
+pytestmark = [pytest.mark.daemon]
 
 
 def test_fifty_scrapers_against_two_hundred_jobs_while_saving() -> None:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from checkpoint_exporter.config import Policy
+from checkpoint_exporter.config import Config, Policy
 from checkpoint_exporter.layouts.base import DCP, Check, Found
 from checkpoint_exporter.model import ABORTED, COMMITTED, DURABLE, STAGING, WRITING, WatchedPath
-from checkpoint_exporter.tracker import JobTracker
+from checkpoint_exporter.tracker import JobTracker, Tracker
 from checkpoint_exporter.validate import Verdict
 
 T = 1_800_000_000.0
@@ -36,7 +36,7 @@ def test_history_sets_gauges_never_counters() -> None:
             gen("live", WRITING, T + 9990),  # in flight right now
         ],
         now=T + 10_000,
-    )
+    ).requests
     state = tracker.state()
     assert (state.saves_committed, state.saves_aborted, state.deadline_misses) == (0, 0, 0)
     assert {g.id: g.state for g in state.generations} == {
@@ -114,13 +114,15 @@ def test_writer_abort_sign_and_deletion() -> None:
 def test_validation_verdicts_and_revalidation_on_change() -> None:
     tracker = job()
     tracker.observe(DURABLE, [], T)
-    (request,) = tracker.observe(DURABLE, [gen("a", COMMITTED, T, T + 5)], T + 6)
+    (request,) = tracker.observe(DURABLE, [gen("a", COMMITTED, T, T + 5)], T + 6).requests
     tracker.submitted(request)
-    assert tracker.observe(DURABLE, [gen("a", COMMITTED, T, T + 5)], T + 7) == []  # pending
+    assert (
+        tracker.observe(DURABLE, [gen("a", COMMITTED, T, T + 5)], T + 7).requests == []
+    )  # pending
     tracker.apply_verdict(request, Verdict(True))
     assert by_id(tracker)["a"].valid is True
     # A shard is truncated later: the signature changes, so it is validated again.
-    (again,) = tracker.observe(DURABLE, [gen("a", COMMITTED, T, T + 5, size=3)], T + 8)
+    (again,) = tracker.observe(DURABLE, [gen("a", COMMITTED, T, T + 5, size=3)], T + 8).requests
     tracker.apply_verdict(request, Verdict(False, "truncated_shard"))  # stale verdict: ignored
     assert by_id(tracker)["a"].valid is True
     tracker.apply_verdict(again, Verdict(False, "truncated_shard"))
@@ -130,7 +132,7 @@ def test_validation_verdicts_and_revalidation_on_change() -> None:
 
 def test_history_validation_failure_sets_the_gauge_only() -> None:
     tracker = job()
-    (request,) = tracker.observe(DURABLE, [gen("a", COMMITTED, T, T + 5)], T + 100)
+    (request,) = tracker.observe(DURABLE, [gen("a", COMMITTED, T, T + 5)], T + 100).requests
     tracker.apply_verdict(request, Verdict(False, "missing_shard"))
     assert by_id(tracker)["a"].valid is False
     assert tracker.state().validation_failures == ()
@@ -178,7 +180,7 @@ def test_an_unchanged_scan_keeps_the_published_state() -> None:
     found = [gen("a", COMMITTED, T, T + 5), gen("b", COMMITTED, T + 100, T + 105)]
     tracker.observe(DURABLE, found, T + 200)
     state = tracker.state()
-    requests = tracker.observe(DURABLE, found, T + 205)
+    requests = tracker.observe(DURABLE, found, T + 205).requests
     assert [r.generation for r in requests] == ["b", "a"]  # still awaiting their verdicts
     assert tracker.state() is state
     tracker.observe(DURABLE, [found[0], gen("b", COMMITTED, T + 100, T + 105)], T + 210)
@@ -186,3 +188,43 @@ def test_an_unchanged_scan_keeps_the_published_state() -> None:
     state = tracker.state()
     tracker.observe(DURABLE, found[:1], T + 215)
     assert tracker.state() is not state and [g.id for g in tracker.state().generations] == ["a"]
+
+
+def test_the_version_moves_exactly_when_the_state_does() -> None:
+    tracker = job()
+    found = [gen("a", COMMITTED, T, T + 5)]
+    tracker.observe(DURABLE, found, T + 6)
+    first = tracker.state()
+    assert first.version == tracker.version > 0
+    tracker.observe(DURABLE, found, T + 7)  # the same listing: nothing moved
+    assert tracker.state() is first
+    tracker.observe(DURABLE, [*found, gen("b", WRITING, T + 8)], T + 9)
+    assert tracker.state() is not first and tracker.state().version > first.version
+
+
+def test_next_due_is_when_tick_has_work() -> None:
+    tracker = job(deadline=60)
+    tracker.observe(DURABLE, [], T)
+    assert tracker.next_due(T) is None  # idle: no timer at all
+    tracker.observe(DURABLE, [gen("a", WRITING, T + 1)], T + 2)
+    due = tracker.next_due(T + 2)
+    assert due is not None and T + 62 < due <= T + 62.1  # its abort deadline, just past
+    tracker.tick(T + 61)
+    assert by_id(tracker)["a"].state == WRITING
+    tracker.tick(due)
+    assert by_id(tracker)["a"].state == ABORTED and tracker.next_due(due) is None
+
+
+def test_a_publish_rebuilds_only_the_jobs_that_changed() -> None:
+    trackers = Tracker(Config())
+    for name in ("a", "b"):
+        trackers.add(JobTracker(name, (WatchedPath(DURABLE, f"/{name}"),), Policy()))
+    before = trackers.publish()
+    trackers.jobs["a"].observe(DURABLE, [gen("x", COMMITTED, T, T + 1)], T + 2)
+    trackers.jobs["b"].observe(DURABLE, [gen("y", COMMITTED, T, T + 1)], T + 2)
+    after = trackers.publish(changed={"a"})  # b changed too, but nobody said so
+    assert [j.name for j in after.jobs] == ["a", "b"]
+    assert after.jobs[0] is not before.jobs[0] and after.jobs[1] is before.jobs[1]
+    held = trackers.publish(changed={"a", "b"}, held={"b"})  # b's files are read again
+    assert held.jobs[1] is before.jobs[1]
+    assert trackers.publish(changed={"b"}).jobs[1].generations[0].id == "y"

@@ -23,6 +23,8 @@ from checkpoint_exporter.layouts.base import (
 from checkpoint_exporter.listing import OpsBudget, TreeReader
 from checkpoint_exporter.validate import Limits, validate
 
+pytestmark = [pytest.mark.torch]
+
 WRITE = r"""
 import sys, warnings
 warnings.filterwarnings("ignore")

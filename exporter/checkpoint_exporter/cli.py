@@ -1,4 +1,5 @@
-"""The ``checkpoint-exporter`` command: serve (default) | check-config | plan | restore-drill.
+"""The ``checkpoint-exporter`` command: serve (default) | check-config | plan | restore-drill |
+rules | dashboards | demo.
 
 Exit status: 0 ok, 2 usage or configuration error, 1 runtime failure.
 """
@@ -10,6 +11,7 @@ import json
 import logging
 import signal
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -61,10 +63,17 @@ def _add_serve(parser: argparse.ArgumentParser) -> None:
         help="exporter-toolkit web configuration for TLS and basic auth",
     )
     web.add_argument(
-        "--web.enable-exporter-metrics",
+        "--web.disable-exporter-metrics",
         dest="runtime_metrics",
+        action="store_false",
+        help="do not export the process_* and python_* metrics of the exporter itself "
+        "(exported by default, as node_exporter does)",
+    )
+    web.add_argument(
+        "--web.enable-exporter-metrics",
+        dest="enable_exporter_metrics_deprecated",
         action="store_true",
-        help="also export the process_*, python_* and gc metrics of the exporter itself",
+        help="deprecated, does nothing: the exporter's own metrics are on by default",
     )
     paths = parser.add_argument_group("paths")
     for name in ("procfs", "sysfs", "rootfs"):
@@ -151,14 +160,15 @@ def build_parser() -> argparse.ArgumentParser:
             metavar="FILE",
             help="mixin config (YAML): selector, severities, `for` durations, runbook URL, SLO",
         )
-        generator.add_argument("--output-dir", default=default, metavar="DIR")
-        if verb == "rules":
-            generator.add_argument(
-                "--kubernetes-dir",
-                default="deploy/kubernetes",
-                metavar="DIR",
-                help="where the PrometheusRule manifest goes",
-            )
+        generator.add_argument(
+            "--output-dir", default=default, metavar="DIR", help=f"(default: ./{default})"
+        )
+        manifest = "PrometheusRule" if verb == "rules" else "dashboards ConfigMap"
+        generator.add_argument(
+            "--kubernetes-dir",
+            metavar="DIR",
+            help=f"also write the {manifest} manifest here (default: not written)",
+        )
     return parser
 
 
@@ -215,28 +225,55 @@ def _apply_flags(config: Any, args: argparse.Namespace) -> Any:
     return replace(config, web=web, paths=paths)
 
 
-class _StopSignal:
-    """Records SIGTERM / SIGINT; the main thread polls it (no locks taken in a signal handler)."""
+class _Signals:
+    """SIGTERM / SIGINT stop, SIGHUP reloads the configuration. The handler only records the
+    signal and the main thread polls for it: a handler must take no lock (it runs between two
+    bytecodes of the main thread, which may hold that very lock)."""
 
     def __init__(self) -> None:
-        self.received: int | None = None
+        self.stop: int | None = None
+        self.reloads = 0
         signal.signal(signal.SIGTERM, self._handle)
         signal.signal(signal.SIGINT, self._handle)
+        signal.signal(signal.SIGHUP, self._handle)
 
     def _handle(self, signum: int, _frame: object) -> None:
-        self.received = signum
+        if signum == signal.SIGHUP:
+            self.reloads += 1
+        else:
+            self.stop = signum
 
-    def wait(self) -> int:
-        while self.received is None:
+    def wait(self, handled_reloads: int) -> str:
+        """Returns "stop", or "reload" once more SIGHUPs came than ``handled_reloads``."""
+        while self.stop is None and self.reloads == handled_reloads:
             time.sleep(0.1)
-        return self.received
+        return "stop" if self.stop is not None else "reload"
+
+
+def _reload_config(args: argparse.Namespace, scanner: Any) -> None:
+    """Read the file again as at start (same loader, same flag overrides); a bad file is
+    logged and the running configuration kept."""
+    from checkpoint_exporter.config import ConfigError
+
+    try:
+        config = _apply_flags(_load_config(args.config_file), args)
+    except ConfigError as error:
+        for problem in getattr(error, "problems", []) or [error]:
+            log.error("configuration reload failed, keeping the running one: %s", problem)
+        scanner.reload_failed()
+        return
+    except (OSError, ValueError) as error:
+        log.error("configuration reload failed, keeping the running one: %s", error)
+        scanner.reload_failed()
+        return
+    log.info("reloading configuration from %s", config.source or "defaults")
+    scanner.reload(config)
 
 
 def _serve(args: argparse.Namespace) -> int:
     from checkpoint_exporter.collectors import REGISTRY, enabled_collectors
     from checkpoint_exporter.config import ConfigError
-    from checkpoint_exporter.exposition import Renderer
-    from checkpoint_exporter.metrics import build_registry
+    from checkpoint_exporter.exposition import Renderer, runtime_registry
     from checkpoint_exporter.scanner import Scanner
     from checkpoint_exporter.server import MetricsServer
     from checkpoint_exporter.telemetry.node import NodeTelemetry
@@ -249,6 +286,11 @@ def _serve(args: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"checkpoint-exporter: {error}", file=sys.stderr)
         return EXIT_USAGE
+    if args.enable_exporter_metrics_deprecated:
+        log.warning(
+            "--web.enable-exporter-metrics is deprecated and does nothing: the exporter's own "
+            "metrics are on by default (--web.disable-exporter-metrics turns them off)"
+        )
     security = None
     if config.web.config_file is not None:
         from checkpoint_exporter.webconfig import load_web_config
@@ -264,26 +306,26 @@ def _serve(args: argparse.Namespace) -> int:
     }
     tracker = Tracker(config)
     telemetry = NodeTelemetry(config)
+    # Builds no tree and touches no watched path: every read runs behind the open port.
     scanner = Scanner(config, tracker, telemetry=telemetry)
-    telemetry.start()
-    scanner.step()  # the first scan: history sets the gauges before the first scrape
 
     def snapshot() -> Any:
         return tracker.snapshot
 
-    collectors = enabled_collectors(choices)
-    registry = build_registry(snapshot, collectors, args.runtime_metrics)
-    # Live process metrics change on every scrape: then the whole registry renders each time.
-    renderer = None if args.runtime_metrics else Renderer(snapshot, collectors)
+    runtime = runtime_registry() if args.runtime_metrics else None
+    renderer = Renderer(snapshot, enabled_collectors(choices), runtime)
     try:
         server = MetricsServer(
-            config.web, registry, snapshot, not args.runtime_metrics, security, renderer
+            config.web,
+            renderer,
+            security,
+            liveness=scanner.liveness,
+            readiness=scanner.readiness,
         )
     except OSError as error:
         log.error("cannot listen on %s: %s", config.web.listen_address, error.strerror or error)
         return EXIT_FAILURE
-    stop = _StopSignal()
-    scanner.start()
+    signals = _Signals()
     server.start()
     log.info(
         "listening: address=%s url=%s jobs=%d config=%s",
@@ -292,8 +334,22 @@ def _serve(args: argparse.Namespace) -> int:
         len(config.jobs),
         config.source or "none",
     )
-    received = stop.wait()
-    log.info("stopping on %s", signal.Signals(received).name)
+    scanner.start()
+    telemetry.start()
+    handled, reloading = 0, None
+    while signals.wait(handled) == "reload":
+        if reloading is not None and reloading.is_alive():
+            time.sleep(0.1)  # one reload at a time; SIGHUPs meanwhile make one more
+            continue
+        handled = signals.reloads
+        # Off the main thread: loading checks the jobs' directories, and a stat on a hung mount
+        # must not keep this thread from answering SIGTERM.
+        reloading = threading.Thread(
+            target=_reload_config, args=(args, scanner), name="reload", daemon=True
+        )
+        reloading.start()
+    assert signals.stop is not None
+    log.info("stopping on %s", signal.Signals(signals.stop).name)
     server.stop()
     scanner.stop()
     telemetry.stop()
@@ -393,8 +449,9 @@ def _generate(args: argparse.Namespace) -> int:
     except ConfigError as error:
         return _report_config_error(error)
     targets = {args.verb: Path(args.output_dir)}
-    if args.verb == "rules":
-        targets["prometheusrule"] = Path(args.kubernetes_dir)
+    if args.kubernetes_dir:
+        manifest = "prometheusrule" if args.verb == "rules" else "dashboards-configmap"
+        targets[manifest] = Path(args.kubernetes_dir)
     for path in write_outputs(mixin, targets):
         print(f"wrote {path}")
     return EXIT_OK

@@ -25,6 +25,7 @@ import errno
 import logging
 import os
 import stat
+import threading
 import time
 from array import array
 from collections.abc import Callable, Collection, Iterator
@@ -45,7 +46,9 @@ class OpsBudget:
     """A token bucket of metadata operations (stat, listdir, open) per second; 0 = no limit.
 
     The bucket holds a quarter second of operations, so no second sees much more than the
-    budget (a bucket of a whole second would let one second see twice as much)."""
+    budget (a bucket of a whole second would let one second see twice as much). Shared by the
+    scan workers of every filesystem it covers: the accounting is under a lock, the wait outside
+    it."""
 
     BURST_SECONDS = 0.25
 
@@ -56,18 +59,23 @@ class OpsBudget:
         self._tokens = self._capacity
         self._updated = time.monotonic()
         self._sleep = sleep
+        self._lock = threading.Lock()
 
     def spend(self, count: int = 1) -> None:
-        self.total += count
-        if self.per_second <= 0:
-            return
-        now = time.monotonic()
-        self._tokens = min(self._capacity, self._tokens + (now - self._updated) * self.per_second)
-        self._updated = now
-        self._tokens -= count
-        if self._tokens < 0:
+        with self._lock:
+            self.total += count
+            if self.per_second <= 0:
+                return
+            now = time.monotonic()
+            refill = (now - self._updated) * self.per_second
+            self._tokens = min(self._capacity, self._tokens + refill)
+            self._updated = now
+            self._tokens -= count
+            if self._tokens >= 0:
+                return
             wait = -self._tokens / self.per_second
-            self._sleep(wait)
+        self._sleep(wait)
+        with self._lock:
             self._tokens = 0
             self._updated = time.monotonic()
 
@@ -243,6 +251,9 @@ class TreeReader:
         self.max_depth = max_depth
         self.content_limit = content_limit
         self.tree: Dir | None = None
+        # Entries listed or statted since this reader was made, counted as a read goes: the
+        # first pass's progress, and proof that a long read is moving, not hung.
+        self.entries_read = 0
         self._reported: set[tuple[str, str]] = set()
 
     def read(
@@ -501,6 +512,7 @@ class TreeReader:
                     continue
                 names.append(name)
         stats.statted += len(results)
+        self.entries_read += len(results)
         is_file = stat.S_ISREG
         kinds = [FILE if is_file(r.st_mode) else _kind_of_mode(r.st_mode) for r in results]
         subdir_mtimes = (
@@ -561,6 +573,7 @@ class TreeReader:
             sizes.append(size)
             mtimes.append(mtime)
         stats.statted += statted
+        self.entries_read += len(names)
         return names, kinds, sizes, mtimes, subdir_mtimes, stamps
 
     def _read_subdirs(

@@ -17,7 +17,14 @@ from collections import Counter, OrderedDict, deque
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field, replace
 
-from checkpoint_exporter.clocks import Clocks, RestoreRun, SaveKey, Timeline, save_key
+from checkpoint_exporter.clocks import (
+    SETTLE_SECONDS,
+    Clocks,
+    RestoreRun,
+    SaveKey,
+    Timeline,
+    save_key,
+)
 from checkpoint_exporter.config import Config, JobConfig, Policy
 from checkpoint_exporter.correlate import WindowTelemetry
 from checkpoint_exporter.drain import DrainState, drain_state
@@ -55,6 +62,8 @@ SKEW_TOLERANCE = 2.0  # offsets this small are detection latency, not a clock to
 # A save or restore whose ranks never all report is given up after this long.
 SAVE_TIMELINE_EXPIRY = 3600.0
 RESTORE_EXPIRY = 6 * 3600.0
+# ``next_due`` answers just past a deadline, since the deadlines compare strictly.
+TICK_MARGIN = 0.01
 
 
 class Histogram:
@@ -130,6 +139,16 @@ class _Gen:
 
 
 @dataclass(frozen=True)
+class Observed:
+    """What one scan of a tier did: the committed generations to validate, and the ones this
+    scan saw commit (their files were last statted mid-write: the core reads them once more,
+    in full, and observes again)."""
+
+    requests: list[ValidationRequest] = field(default_factory=list)
+    just_committed: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class ValidationRequest:
     job: str
     tier: str
@@ -157,7 +176,7 @@ class JobTracker:
     deadline_misses: int = 0
     validation_failures: Counter[str] = field(default_factory=Counter)
     durations: dict[str, Histogram] = field(default_factory=dict)
-    just_committed: list[str] = field(default_factory=list)
+    _just_committed: list[str] = field(default_factory=list)
     clocks: Clocks = field(default_factory=Clocks)
     last_phases: dict[str, float] = field(default_factory=dict)
     last_write_end: float | None = None
@@ -167,8 +186,9 @@ class JobTracker:
     restore_last_success: float | None = None
     restore_last_duration: float | None = None
     _accounted: OrderedDict[SaveKey, None] = field(default_factory=OrderedDict)
-    # An idle job costs nothing per pass: its state is rebuilt only after something changed,
-    # and the abort timer only runs while a save is being written.
+    # Raised whenever anything the published state shows changes; the state is rebuilt (and
+    # re-rendered) only when it moved, so an idle job costs nothing.
+    version: int = 0
     _cached: JobState | None = None
     _writing: bool = False
     # The newest committed generation's last known verdict: while a newer one is validated, the
@@ -197,18 +217,27 @@ class JobTracker:
     # --- scans ---------------------------------------------------------------------------
 
     def observe(
-        self, tier: str, found: list[Found], now: float, unreadable: Collection[str] = ()
-    ) -> list[ValidationRequest]:
-        """Apply one scan of ``tier``; returns the committed generations to validate.
+        self,
+        tier: str,
+        found: list[Found],
+        now: float,
+        unreadable: Collection[str] = (),
+        layout: str | None = None,
+    ) -> Observed:
+        """Apply one scan of ``tier``: what to validate, and what just committed (``Observed``).
 
-        ``just_committed`` then names the generations this scan saw commit: their files were
-        last statted while being written, so the scanner reads them once more, in full.
+        ``layout``: the layout the scan detected (None when fixed by the config or not known
+        yet); the durable tier's names the job's.
         ``unreadable`` names the relative paths the scan could not read ("" for the root): what
         is known below them stays as it was (a permission flipped for a moment is not a deletion
         followed by a burst of false commits), and nothing new is taken from them.
         """
+        if tier == DURABLE and layout is not None and layout != self.layout:
+            log.info("job=%s: layout detected as %s", self.name, layout)
+            self.layout = layout
+            self._touch()
         if unreadable and first_read_failed(tier, self._scanned, unreadable):
-            return []  # nothing known yet and nothing readable: the next read is the first
+            return Observed()  # nothing known yet and nothing readable: the next read is the first
         first = tier not in self._scanned
         hidden_before = self._unreadable.get(tier, frozenset())
         hidden_since = self._hidden_since.get(tier, now)
@@ -217,7 +246,7 @@ class JobTracker:
             self._hidden_since.pop(tier, None)
         elif not hidden_before:
             self._hidden_since[tier] = now
-        self.just_committed = []
+        self._just_committed = []
         self._scanned.add(tier)
         changed = first
         seen = set()
@@ -260,12 +289,12 @@ class JobTracker:
             default=None,
         )
         if changed:
-            self._cached = None  # the published state (and its rendered series) is rebuilt
+            self._touch()
         self._writing = any(gen.state == WRITING for gen in self._gens.values())
         self._update_drain()
         # Newest first, so the generation a restore would pick is judged first.
         requests.sort(key=lambda r: r.found.commit_time or 0.0, reverse=True)
-        return requests
+        return Observed(requests, tuple(self._just_committed))
 
     def _new(self, tier: str, item: Found, now: float, first: bool) -> _Gen:
         gen = _Gen(item, tier, item.state, item.start_time, now, history=first)
@@ -327,7 +356,7 @@ class JobTracker:
             gen.state = COMMITTED  # the marker is back (a rename, a restore): nothing new
         elif item.state == COMMITTED and gen.state != COMMITTED:
             self._commit(gen)
-            self.just_committed.append(item.id)
+            self._just_committed.append(item.id)
             if not item.checks and not item.invalid:
                 gen.valid, gen.validated = True, gen.signature
         elif item.state == ABORTED and gen.state == WRITING:
@@ -357,7 +386,7 @@ class JobTracker:
         gen.start_time, gen.progress_at = item.start_time, now
         gen.valid = gen.invalid_reason = gen.validated = gen.pending = None
         self._commit(gen)
-        self.just_committed.append(item.id)
+        self._just_committed.append(item.id)
         if not item.checks and not item.invalid:
             gen.valid, gen.validated = True, gen.signature
 
@@ -373,10 +402,34 @@ class JobTracker:
                         f"no progress for {self.policy.deadline:g} s since its last write"
                     )
                     self._abort(gen, reason)
-                    self._cached = None
+                    self._touch()
             self._writing = any(gen.state == WRITING for gen in self._gens.values())
-        if self.clocks.saves or self.clocks.restores:
-            self._settle(now)
+        if (self.clocks.saves or self.clocks.restores) and self._settle(now):
+            self._touch()
+
+    def next_due(self, now: float) -> float | None:
+        """When ``tick`` next has something to do (an abort deadline, a spool timeline to settle
+        or give up) or a generation left unchecked is due again: None when nothing is pending,
+        so an idle job costs nothing between events."""
+        due = [] if self._next_retry is None else [self._next_retry]
+        if self._writing:
+            for gen in self._gens.values():
+                if gen.state != WRITING:
+                    continue
+                hidden = self._unreadable.get(gen.tier)
+                if hidden and _behind(gen.found.id, hidden):
+                    continue  # judged again once it can be seen (a scan is what changes it)
+                limit = self._stall_limit(gen)
+                if limit is not None:
+                    due.append(gen.progress_at + limit + TICK_MARGIN)
+        expired = max(SAVE_TIMELINE_EXPIRY, 3 * self.policy.deadline)
+        for timeline in self.clocks.saves.values():
+            if timeline.ended:
+                due.append(timeline.last_arrival + SETTLE_SECONDS + TICK_MARGIN)
+            due.append(timeline.first_seen + expired + TICK_MARGIN)
+        for run in self.clocks.restores.values():
+            due.append(run.first_seen + RESTORE_EXPIRY + TICK_MARGIN)
+        return min(due, default=None)
 
     def _counts(self, gen: _Gen) -> bool:
         # Save lifecycle counters follow the durable tier; the staging tier feeds drain metrics.
@@ -497,20 +550,28 @@ class JobTracker:
 
     def set_window_telemetry(self, telemetry: WindowTelemetry) -> None:
         self.window_telemetry = telemetry
-        self._cached = None
+        self._touch()
 
     # --- spool events ------------------------------------------------------------------------
 
     def apply_events(self, events: Iterable[Event], now: float) -> None:
         self.clocks.add(events, now)
         self._settle(now)
+        self._touch()
 
-    def changed(self) -> None:
-        """Something the state shows (layout, watch mode) was set from outside."""
-        self._cached = None
+    def set_paths(self, paths: tuple[WatchedPath, ...]) -> None:
+        """How each tier is watched now (its mode, its filesystem), as the core decided."""
+        if paths != self.paths:
+            self.paths = paths
+            self._touch()
 
-    def _settle(self, now: float) -> None:
-        self._cached = None
+    def _touch(self) -> None:
+        """Something the published state shows changed: it is rebuilt under a new version."""
+        self.version += 1
+
+    def _settle(self, now: float) -> bool:
+        """Account the spool timelines that ended or expired; whether any did."""
+        settled = False
         two_tier = any(p.tier == STAGING for p in self.paths)
         expired = max(SAVE_TIMELINE_EXPIRY, 3 * self.policy.deadline)
         for key, timeline in list(self.clocks.saves.items()):
@@ -519,22 +580,27 @@ class JobTracker:
                 if pending and now - timeline.first_seen <= expired:
                     continue  # the ranks committed to staging; the deadline is durable
                 del self.clocks.saves[key]
+                settled = True
                 if timeline.committed:
                     self._account(timeline.phases(), timeline.live, key, timeline)
             elif now - timeline.first_seen > expired:
                 del self.clocks.saves[key]  # some rank never reported: fall back to the disk
+                settled = True
                 if timeline.disk_total is not None:
                     self._account({"total": timeline.disk_total}, timeline.live, key, timeline)
         for key, run in list(self.clocks.restores.items()):
             if run.finished:
                 del self.clocks.restores[key]
+                settled = True
                 self._restored(run)
             elif now - run.first_seen > RESTORE_EXPIRY:
                 del self.clocks.restores[key]
+                settled = True
                 run.errors.append("no result reported")
                 if run.live:
                     self.restores += 1
                     self.restore_failures += 1
+        return settled
 
     def _restored(self, run: RestoreRun) -> None:
         self.restore_last_duration = run.duration()
@@ -551,14 +617,19 @@ class JobTracker:
             self.restore_failures += 0 if run.succeeded else 1
 
     def _stalled(self, gen: _Gen, now: float) -> bool:
+        limit = self._stall_limit(gen)
+        return limit is not None and now - gen.progress_at > limit
+
+    def _stall_limit(self, gen: _Gen) -> float | None:
+        """Seconds without progress after which a save in progress is aborted; None: not now."""
         if gen.found.settles:
             # Judged by its checks once still; a verdict under way is waited for (so is one
             # whose checks could not run: not judged is not aborted), and one that found it
             # incomplete stands only once the deadline passed without progress.
             if gen.pending == gen.signature or gen.retry_at:
-                return False
-            return now - gen.progress_at > max(self.policy.deadline, self.policy.settle)
-        return now - gen.progress_at > self.policy.deadline
+                return None
+            return max(self.policy.deadline, self.policy.settle)
+        return self.policy.deadline
 
     def _abort(self, gen: _Gen, reason: str | None = None) -> None:
         gen.state, gen.last_commit = ABORTED, None
@@ -601,7 +672,7 @@ class JobTracker:
             gen.pending = request.signature
 
     def apply_verdict(self, request: ValidationRequest, verdict: Verdict) -> None:
-        self._cached = None
+        self._touch()
         gen = self._gens.get((request.tier, request.generation))
         if gen is None or gen.signature != request.signature:
             return  # gone, or changed since: a fresh request is already on its way
@@ -666,7 +737,7 @@ class JobTracker:
         return self._writing
 
     def state(self) -> JobState:
-        if self._cached is None:
+        if self._cached is None or self._cached.version != self.version:
             self._cached = self._build_state()
         return self._cached
 
@@ -722,6 +793,7 @@ class JobTracker:
             recent_saves=tuple(self.recent_saves),
             recent_restores=tuple(self.recent_restores),
             storage_clock_skew=self.storage_clock_skew,
+            version=self.version,
         )
 
 
@@ -758,6 +830,7 @@ class Tracker:
             job.name: JobTracker(job.name, job_paths(job), job.policy) for job in config.jobs
         }
         self.snapshot = Snapshot(taken_at=time.time(), daemon=DaemonState())
+        self._published: dict[str, JobState] = {}  # in the order of ``jobs``
 
     def add(self, job: JobTracker) -> None:
         self.jobs[job.name] = job
@@ -770,20 +843,43 @@ class Tracker:
         daemon: DaemonState | None = None,
         filesystems: tuple[FilesystemState, ...] | None = None,
         telemetry: tuple[tuple[str, bool], ...] | None = None,
+        changed: Collection[str] | None = None,
+        held: Collection[str] = (),
     ) -> Snapshot:
         """Swap in a new snapshot, or keep the current one when nothing changed (so a scrape
-        can reuse what it rendered for it)."""
+        can reuse what it rendered for it).
+
+        ``changed``: the jobs added, removed or touched since the last publish (None: look at
+        every job), so a publish costs what changed. ``held``: jobs whose published state stays
+        as it was for now (their files are being read once more after a commit)."""
         current = self.snapshot
         daemon = daemon if daemon is not None else current.daemon
         filesystems = filesystems if filesystems is not None else current.filesystems
         telemetry = telemetry if telemetry is not None else current.telemetry
-        jobs = tuple(job.state() for job in self.jobs.values())
-        unchanged = (
-            len(jobs) == len(current.jobs)
-            and all(new is old for new, old in zip(jobs, current.jobs, strict=True))
-            and (daemon, filesystems, telemetry)
-            == (current.daemon, current.filesystems, current.telemetry)
-        )
-        if not unchanged:
+        moved = added = False
+        if changed is None:
+            for name in [n for n in self._published if n not in self.jobs]:
+                del self._published[name]
+                moved = True
+        for name in self.jobs if changed is None else changed:
+            job = self.jobs.get(name)
+            if job is None:
+                moved = self._published.pop(name, None) is not None or moved
+                continue
+            if name in held and name in self._published:
+                continue
+            state = job.state()
+            if self._published.get(name) is not state:
+                added = added or name not in self._published
+                self._published[name] = state
+                moved = True
+        if added:  # kept in the order of ``jobs``
+            self._published = {n: self._published[n] for n in self.jobs if n in self._published}
+        if moved or (daemon, filesystems, telemetry) != (
+            current.daemon,
+            current.filesystems,
+            current.telemetry,
+        ):
+            jobs = tuple(self._published.values()) if moved else current.jobs
             self.snapshot = Snapshot(time.time(), jobs, daemon, filesystems, telemetry)
         return self.snapshot

@@ -15,6 +15,8 @@ import pytest
 from tests.conftest import REPO, require_tool, sample, wait_for, write_config
 from tests.helpers.trees import dcp_generation
 
+pytestmark = [pytest.mark.root, pytest.mark.daemon]
+
 FAKES = REPO / "tests" / "fakes"
 
 # A training job in its own process, saving one generation with the instrument.

@@ -11,12 +11,16 @@ import tempfile
 import time
 from pathlib import Path
 
+import pytest
+
 from checkpoint_exporter.listing import OpsBudget, TreeReader
 from checkpoint_exporter.scanner import Validator
 from checkpoint_exporter.tracker import ValidationRequest
 from checkpoint_exporter.validate import Limits
 from tests.conftest import as_nobody, parse_samples, sample, wait_for, write_config
 from tests.helpers.trees import dcp_generation, scan
+
+pytestmark = [pytest.mark.root, pytest.mark.daemon]
 
 
 def test_a_subdirectory_swapped_for_a_symlink_is_not_entered(tmp_path: Path) -> None:

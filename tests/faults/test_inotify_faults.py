@@ -7,8 +7,12 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import require_tool, sample, wait_for, write_config
 from tests.helpers.trees import dcp_generation, dcp_metadata_bytes
+
+pytestmark = [pytest.mark.netns, pytest.mark.daemon]
 
 
 def _limited(watches: int) -> list[str]:

@@ -18,6 +18,8 @@ import pytest
 from tests.conftest import REPO, Exporter, as_nobody, require_tool, sample, wait_for, write_config
 from tests.helpers.trees import dcp_generation
 
+pytestmark = [pytest.mark.root, pytest.mark.daemon]
+
 # Every system call that creates, changes or removes a file by name.
 _MUTATING = (
     "creat",

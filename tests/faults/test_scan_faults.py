@@ -11,12 +11,16 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from checkpoint_exporter import dcp_metadata
 from checkpoint_exporter.scanner import Validator
 from checkpoint_exporter.tracker import ValidationRequest
 from checkpoint_exporter.validate import Limits
 from tests.conftest import as_nobody, parse_samples, sample, wait_for, write_config
 from tests.helpers.trees import dcp_generation, scan
+
+pytestmark = [pytest.mark.root, pytest.mark.daemon]
 
 
 def test_retention_racing_the_scanner(tmp_path: Path, exporter) -> None:

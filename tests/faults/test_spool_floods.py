@@ -25,6 +25,8 @@ from checkpoint_exporter.clocks import MAX_OPEN_SAVES, Clocks
 from checkpoint_exporter.spool import SpoolReader
 from tests.conftest import parse_samples, sample, wait_for, write_config
 
+pytestmark = [pytest.mark.daemon]
+
 LINE = (
     b'{"v":1,"ts":%.3f,"event":"save_start","training_job":"%s","step":%d,"rank":0,'
     b'"world_size":1,"host":"h","path":null,"bytes":null,"error":null}\n'

@@ -1,0 +1,77 @@
+"""One worker thread per filesystem: a hung mount stalls only its own thread.
+
+Every task that touches a watched path (placing a tier, reading its tree, listing a discover
+root, probing the mount) runs on the worker of the filesystem it lives on, one task at a time,
+and hands back a value: the core applies it, on its own thread. A worker stuck in the kernel is
+never joined and never given a second thread: its later tasks wait in its queue, and the core
+stops giving it new ones while it is stuck. Workers are daemon threads, so a process with a hung
+mount still exits.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+
+log = logging.getLogger(__name__)
+
+Task = Callable[[], object]
+Progress = Callable[[], int]  # a counter that moves while a long task gets somewhere
+
+
+class MountWorker:
+    def __init__(self, mountpoint: str, deliver: Callable[[object], None]) -> None:
+        self.mountpoint = mountpoint
+        self._deliver = deliver
+        self._tasks: queue.SimpleQueue[tuple[Task, Progress | None] | None] = queue.SimpleQueue()
+        self._numbers = itertools.count(1)
+        # Written by the worker as one tuple: (task number, monotonic start, progress counter).
+        self._running: tuple[int, float, Progress | None] | None = None
+        self._thread = threading.Thread(
+            target=self._run, name=f"scan {mountpoint or '?'}", daemon=True
+        )
+        # The core's own view (only the core thread reads or writes these).
+        self.stuck = False
+        self._watched: tuple[int, int | None, float] | None = None  # number, progress, since
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Let the thread end after its current task; never waits for it (it may be hung)."""
+        self._tasks.put(None)
+
+    def submit(self, task: Task, progress: Progress | None = None) -> None:
+        self._tasks.put((task, progress))
+
+    def stalled_for(self, now: float) -> float:
+        """Seconds the running task has gone without progress; 0 when idle (core thread)."""
+        running = self._running
+        if running is None:
+            self._watched = None
+            return 0.0
+        number, started, progress = running
+        value = progress() if progress is not None else None
+        watched = self._watched
+        if watched is None or watched[0] != number:
+            self._watched = (number, value, started)
+        elif value != watched[1]:
+            self._watched = (number, value, now)
+        return now - self._watched[2]
+
+    def _run(self) -> None:
+        while (item := self._tasks.get()) is not None:
+            task, progress = item
+            self._running = (next(self._numbers), time.monotonic(), progress)
+            try:
+                result = task()
+            except Exception:  # a task returns its own failures; this is a bug in one
+                log.exception("task on the worker of %s failed", self.mountpoint)
+                continue
+            finally:
+                self._running = None
+            self._deliver(result)
