@@ -9,8 +9,8 @@ time with linear interpolation. No sample near the window means no value, never 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 
+from checkpoint_exporter.model import WindowTelemetry
 from checkpoint_exporter.telemetry.ring import Ring
 
 Series = tuple[list[float], list[float]]  # times, values
@@ -64,17 +64,6 @@ def gauge_mean(series: Series, start: float, end: float) -> float | None:
         area += (a + b) / 2 * (high - low)
         span += high - low
     return area / span if span > 0 else None
-
-
-@dataclass(frozen=True)
-class WindowTelemetry:
-    start: float
-    end: float
-    network_transmit_bytes: float | None = None
-    network_peak_utilization: float | None = None
-    disk_written_bytes: float | None = None
-    gpu_utilization: float | None = None
-    gpu_baseline_utilization: float | None = None
 
 
 def _sum(values: Iterable[float | None]) -> float | None:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from checkpoint_exporter.correlate import WindowTelemetry
-
 DURABLE = "durable"  # where committed generations must end up
 STAGING = "staging"  # a fast tier that must drain to the durable one
 
@@ -19,6 +17,19 @@ DELETING = "deleting"
 
 # Save phases, in the order a save goes through them.
 PHASES = ("pause", "staging", "write", "commit", "total")
+
+
+@dataclass(frozen=True)
+class WindowTelemetry:
+    """What this node's devices did during one save (telemetry/correlate.py computes it)."""
+
+    start: float
+    end: float
+    network_transmit_bytes: float | None = None
+    network_peak_utilization: float | None = None
+    disk_written_bytes: float | None = None
+    gpu_utilization: float | None = None
+    gpu_baseline_utilization: float | None = None
 
 
 @dataclass(frozen=True)

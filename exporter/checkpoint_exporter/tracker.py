@@ -26,7 +26,6 @@ from checkpoint_exporter.clocks import (
     save_key,
 )
 from checkpoint_exporter.config import Config, JobConfig, Policy
-from checkpoint_exporter.correlate import WindowTelemetry
 from checkpoint_exporter.drain import DrainState, drain_state
 from checkpoint_exporter.layouts.base import Found
 from checkpoint_exporter.model import (
@@ -46,6 +45,7 @@ from checkpoint_exporter.model import (
     SaveRecord,
     Snapshot,
     WatchedPath,
+    WindowTelemetry,
     newest_committed,
 )
 from checkpoint_exporter.spool import Event

@@ -8,9 +8,8 @@ from __future__ import annotations
 import time
 
 from checkpoint_exporter.config import Config, Policy
-from checkpoint_exporter.correlate import WindowTelemetry
 from checkpoint_exporter.layouts.base import Found
-from checkpoint_exporter.model import COMMITTED, DURABLE, STAGING, WatchedPath
+from checkpoint_exporter.model import COMMITTED, DURABLE, STAGING, WatchedPath, WindowTelemetry
 from checkpoint_exporter.spool import Event
 from checkpoint_exporter.tracker import JobTracker, Tracker
 

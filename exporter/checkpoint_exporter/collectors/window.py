@@ -12,8 +12,7 @@ from typing import ClassVar
 from prometheus_client.core import Metric
 
 from checkpoint_exporter.collectors.base import MetricSpec, NoDataError, SnapshotCollector
-from checkpoint_exporter.correlate import WindowTelemetry
-from checkpoint_exporter.model import Snapshot
+from checkpoint_exporter.model import Snapshot, WindowTelemetry
 
 Field = Callable[[WindowTelemetry], float | None]
 

@@ -8,8 +8,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from checkpoint_exporter.config import Config
-from checkpoint_exporter.correlate import WindowTelemetry, correlate
-from checkpoint_exporter.model import FilesystemState
+from checkpoint_exporter.correlate import correlate
+from checkpoint_exporter.model import FilesystemState, WindowTelemetry
 from checkpoint_exporter.telemetry.disk import BlockDevice, DiskSource, resolve
 from checkpoint_exporter.telemetry.filesystem import CapacityMonitor, Target
 from checkpoint_exporter.telemetry.gpu import GpuSource
