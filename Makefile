@@ -61,7 +61,7 @@ lint: venv
 	$(BIN)/lint-imports
 
 generate: venv
-	$(BIN)/python -m checkpoint_exporter.generate
+	$(BIN)/python -m checkpoint_exporter.mixin.generate
 
 # About 25 minutes; BENCH_ARGS="--only scrape detect" runs a part (docs/performance.md keeps
 # the other parts' last results).

@@ -20,7 +20,7 @@ import time
 import zipfile
 from pathlib import Path
 
-from checkpoint_exporter.demo import dcp_metadata
+from checkpoint_exporter.demo.cluster import dcp_metadata
 from process import Exporter, percentile, write_config
 from tree import SHARD_BYTES, shard_names, write_generation
 

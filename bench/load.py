@@ -20,7 +20,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from checkpoint_exporter.demo import dcp_metadata
+from checkpoint_exporter.demo.cluster import dcp_metadata
 from process import Exporter, percentile, write_config
 from tree import write_generation
 

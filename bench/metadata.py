@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from checkpoint_exporter.demo import dcp_metadata
+from checkpoint_exporter.demo.cluster import dcp_metadata
 from process import Exporter, write_config
 from tree import CREATE_FLAGS, SHARD_BYTES, shard_names, write_generation
 

@@ -25,8 +25,8 @@ from pathlib import Path
 import yaml
 from prometheus_client import generate_latest
 
-from checkpoint_exporter.collectors import enabled_collectors
-from checkpoint_exporter.metrics import build_registry
+from checkpoint_exporter.exposition.collectors import enabled_collectors
+from checkpoint_exporter.exposition.metrics import build_registry
 from tests.helpers.synthetic import synthetic_tracker
 
 REPO = Path(__file__).resolve().parent.parent

@@ -17,11 +17,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from checkpoint_exporter.telemetry.disk import DiskSource
-from checkpoint_exporter.telemetry.gpu import GpuSource
-from checkpoint_exporter.telemetry.infiniband import InfinibandSource
-from checkpoint_exporter.telemetry.net import NetSource
-from checkpoint_exporter.telemetry.sampler import Sampler
+from checkpoint_exporter.sources.telemetry.disk import DiskSource
+from checkpoint_exporter.sources.telemetry.gpu import GpuSource
+from checkpoint_exporter.sources.telemetry.infiniband import InfinibandSource
+from checkpoint_exporter.sources.telemetry.net import NetSource
+from checkpoint_exporter.sources.telemetry.sampler import Sampler
 
 REPO = Path(__file__).resolve().parent.parent
 NICS, IB_PORTS, GPUS = 8, 4, 8

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from checkpoint_exporter.config import ScanConfig
-from checkpoint_exporter.listing import OpsBudget, TreeReader
+from checkpoint_exporter.sources.listing import OpsBudget, TreeReader
 from process import Exporter, percentile, write_config
 from tree import Shape, build
 

@@ -21,13 +21,13 @@ import subprocess
 import time
 from collections.abc import Callable
 
-from checkpoint_exporter.collectors import enabled_collectors
 from checkpoint_exporter.config import WebConfig
-from checkpoint_exporter.exposition import Renderer, runtime_registry
-from checkpoint_exporter.metrics import build_registry
+from checkpoint_exporter.core.tracker import Tracker
+from checkpoint_exporter.exposition.collectors import enabled_collectors
+from checkpoint_exporter.exposition.metrics import build_registry
+from checkpoint_exporter.exposition.renderer import Renderer, runtime_registry
+from checkpoint_exporter.exposition.server import MetricsServer
 from checkpoint_exporter.model import DURABLE
-from checkpoint_exporter.server import MetricsServer
-from checkpoint_exporter.tracker import Tracker
 from process import percentile
 from tests.helpers.synthetic import generations, synthetic_tracker
 

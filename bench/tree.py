@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from checkpoint_exporter.demo import dcp_metadata
+from checkpoint_exporter.demo.cluster import dcp_metadata
 
 SHARD_BYTES = 4096
 CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)

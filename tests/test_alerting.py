@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from checkpoint_exporter import dashboards, rules
-from checkpoint_exporter.mixin import ALERTS, MixinConfig, load_mixin
+from checkpoint_exporter.mixin import dashboards, rules
+from checkpoint_exporter.mixin.config import ALERTS, MixinConfig, load_mixin
 from checkpoint_exporter.schema import ConfigError
 from checkpoint_exporter.units import parse_duration
 from tests.conftest import REPO, require_tool, run_cli, write_config

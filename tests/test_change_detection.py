@@ -12,10 +12,8 @@ import logging
 import os
 from pathlib import Path
 
-from checkpoint_exporter import layouts
 from checkpoint_exporter.config import Policy
-from checkpoint_exporter.layouts.base import ZIP, Check, Found, file_generation
-from checkpoint_exporter.listing import OpsBudget, TreeReader
+from checkpoint_exporter.core.tracker import JobTracker
 from checkpoint_exporter.model import (
     ABORTED,
     COMMITTED,
@@ -24,8 +22,10 @@ from checkpoint_exporter.model import (
     WatchedPath,
     newest_committed,
 )
-from checkpoint_exporter.tracker import JobTracker
-from checkpoint_exporter.validate import Verdict
+from checkpoint_exporter.sources import layouts
+from checkpoint_exporter.sources.layouts.base import ZIP, Check, Found, file_generation
+from checkpoint_exporter.sources.listing import OpsBudget, TreeReader
+from checkpoint_exporter.sources.validate import Verdict
 
 T = 1_800_000_000.0
 

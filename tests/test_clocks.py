@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 from collections import Counter
 
-from checkpoint_exporter.clocks import (
+from checkpoint_exporter.config import Policy
+from checkpoint_exporter.core.clocks import (
     MAX_ERRORS,
     MAX_OPEN_RESTORES,
     MAX_OPEN_SAVES,
@@ -14,11 +15,10 @@ from checkpoint_exporter.clocks import (
     Clocks,
     phases_of,
 )
-from checkpoint_exporter.config import Policy
-from checkpoint_exporter.layouts.base import Found
+from checkpoint_exporter.core.tracker import JobTracker
 from checkpoint_exporter.model import COMMITTED, DURABLE, WRITING, WatchedPath
-from checkpoint_exporter.spool import FUTURE_SLACK, Event
-from checkpoint_exporter.tracker import JobTracker
+from checkpoint_exporter.sources.layouts.base import Found
+from checkpoint_exporter.sources.spool import FUTURE_SLACK, Event
 
 T = 1_800_000_000.0
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from checkpoint_exporter import dcp_metadata
-from checkpoint_exporter.dcp_metadata import MetadataError
+from checkpoint_exporter.sources import dcp_metadata
+from checkpoint_exporter.sources.dcp_metadata import MetadataError
 
 pytestmark = [pytest.mark.torch]
 
@@ -35,7 +35,7 @@ def real_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_reads_real_torch_metadata_without_torch(real_checkpoint: Path) -> None:
     code = (
-        "import sys; from checkpoint_exporter import dcp_metadata; "
+        "import sys; from checkpoint_exporter.sources import dcp_metadata; "
         f"m = dcp_metadata.read({str(real_checkpoint / '.metadata')!r}); "
         "print(m.version, sorted(m.shards.items())); print('torch' in sys.modules)"
     )
@@ -78,7 +78,7 @@ def test_reads_real_megatron_core_metadata_without_torch(megatron_checkpoint: Pa
     """megatron-core stores its save plans (SavePlan, WriteItem...) in .metadata: admitted as
     inert stand-ins; the shard sizes are the offsets + lengths the writer recorded."""
     code = (
-        "import sys; from checkpoint_exporter import dcp_metadata; "
+        "import sys; from checkpoint_exporter.sources import dcp_metadata; "
         f"m = dcp_metadata.read({str(megatron_checkpoint / '.metadata')!r}); "
         "print(sorted(m.shards.items())); print('torch' in sys.modules)"
     )

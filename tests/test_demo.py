@@ -17,8 +17,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from checkpoint_exporter import dcp_metadata
-from checkpoint_exporter.demo import dcp_metadata as demo_metadata
+from checkpoint_exporter.demo.cluster import dcp_metadata as demo_metadata
+from checkpoint_exporter.sources import dcp_metadata
 from tests.conftest import CLI, REPO, require_tool, sample, wait_for
 
 pytestmark = [pytest.mark.chromium, pytest.mark.prometheus, pytest.mark.torch, pytest.mark.daemon]
@@ -122,7 +122,7 @@ def test_demo_metadata_without_torch_is_what_torch_reads(tmp_path: Path) -> None
     blocker.mkdir()
     (blocker / "torch.py").write_text("raise ImportError('no torch here')\n")
     code = (
-        "import sys; from checkpoint_exporter.demo import dcp_metadata; "
+        "import sys; from checkpoint_exporter.demo.cluster import dcp_metadata; "
         "sys.stdout.buffer.write(dcp_metadata({'__0_0.distcp': 1234, '__1_0.distcp': 99}))"
     )
     data = subprocess.run(

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from checkpoint_exporter.mixin import MixinConfig
+from checkpoint_exporter.mixin.config import MixinConfig
 from tests.conftest import REPO, require_tool
 
 pytestmark = [pytest.mark.kubectl]

@@ -9,7 +9,7 @@ import threading
 import time
 from pathlib import Path
 
-from checkpoint_exporter.drain import drain_state
+from checkpoint_exporter.core.drain import drain_state
 from checkpoint_exporter.model import COMMITTED, DURABLE, STAGING, WRITING, Generation
 from tests.conftest import Exporter, sample, wait_for, write_config
 from tests.helpers.trees import dcp_generation

@@ -25,8 +25,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from checkpoint_exporter import dashboards, instrument
-from checkpoint_exporter.mixin import ALERTS
+from checkpoint_exporter import instrument
+from checkpoint_exporter.mixin import dashboards
+from checkpoint_exporter.mixin.config import ALERTS
 from tests.conftest import CLI, REPO, Exporter, require_tool, wait_for, write_config
 from tests.helpers.node import FakeNode
 from tests.helpers.trees import dcp_generation

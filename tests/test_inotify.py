@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from checkpoint_exporter.inotify import Watcher
+from checkpoint_exporter.sources.inotify import Watcher
 from tests.conftest import wait_for
 
 

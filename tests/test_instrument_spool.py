@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from checkpoint_exporter import instrument
-from checkpoint_exporter.spool import MAX_LINE, ROOT_RELIST_MIN, Event, SpoolReader
+from checkpoint_exporter.sources.spool import MAX_LINE, ROOT_RELIST_MIN, Event, SpoolReader
 from tests.conftest import REPO
 
 

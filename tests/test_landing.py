@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from checkpoint_exporter.landing import render, timeline_svg
+from checkpoint_exporter.exposition.landing import render, timeline_svg
 from checkpoint_exporter.model import (
     DURABLE,
     STAGING,
@@ -121,7 +121,7 @@ def test_any_number_anywhere_renders(value: float) -> None:
 
 
 def test_one_undrawable_job_does_not_take_the_page(monkeypatch: pytest.MonkeyPatch) -> None:
-    from checkpoint_exporter import landing
+    from checkpoint_exporter.exposition import landing
 
     def broken(job: JobState) -> str:
         raise OverflowError("cannot convert float infinity to integer")
@@ -149,7 +149,7 @@ def test_the_page_says_when_the_first_pass_is_not_finished() -> None:
 
 def test_runbook_markdown_is_rendered_escaped() -> None:
     """The runbooks' little Markdown, and nothing the text could smuggle in as markup."""
-    from checkpoint_exporter.runbooks_page import to_html
+    from checkpoint_exporter.exposition.runbooks_page import to_html
 
     html = to_html(
         "# Run<books>\n\n## CheckpointTooOld\n\n**Meaning.** a `x<y>` and *this* <script>\n"

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from checkpoint_exporter.layouts import hf
-from checkpoint_exporter.layouts.base import SAFETENSORS, SAFETENSORS_INDEX, ZIP
-from checkpoint_exporter.listing import OpsBudget, TreeReader
 from checkpoint_exporter.model import COMMITTED, WRITING
+from checkpoint_exporter.sources.layouts import hf
+from checkpoint_exporter.sources.layouts.base import SAFETENSORS, SAFETENSORS_INDEX, ZIP
+from checkpoint_exporter.sources.listing import OpsBudget, TreeReader
 from tests.helpers.trees import BASE, build, scan
 
 Listing = dict[str, tuple[int, float]]  # path -> (size, seconds after the first write)
@@ -338,7 +338,7 @@ def test_a_final_save_model_into_a_trainer_root_is_its_own_generation(tmp_path: 
 def test_detection_needs_a_saved_model_and_leaves_other_writers_trees_alone(
     tmp_path: Path,
 ) -> None:
-    from checkpoint_exporter.layouts import detect
+    from checkpoint_exporter.sources.layouts import detect
 
     def detected(name: str, files: dict) -> str | None:
         root = tmp_path / name

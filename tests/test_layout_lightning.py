@@ -24,10 +24,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from checkpoint_exporter import ckpt_step
-from checkpoint_exporter.layouts.base import DCP, ZIP, ZIP_STEP, Check
 from checkpoint_exporter.model import WRITING
-from checkpoint_exporter.validate import BAD_ZIP, MISSING_SHARD, Verdict, validate
+from checkpoint_exporter.sources import ckpt_step
+from checkpoint_exporter.sources.layouts.base import DCP, ZIP, ZIP_STEP, Check
+from checkpoint_exporter.sources.validate import BAD_ZIP, MISSING_SHARD, Verdict, validate
 from tests.helpers.trees import BASE, build, scan
 
 # ``last.ckpt`` as Lightning 2.6.6 wrote it (torch 2.13.0+cpu, zlib-compressed, base64):

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from checkpoint_exporter import validate
-from checkpoint_exporter.layouts.base import DCP, ZIP
 from checkpoint_exporter.model import ABORTED, COMMITTED, WRITING
+from checkpoint_exporter.sources import validate
+from checkpoint_exporter.sources.layouts.base import DCP, ZIP
 from tests.helpers.trees import BASE, build, dcp_metadata_bytes, scan, touch
 from tests.writers.harness import Driver, disk_bytes
 

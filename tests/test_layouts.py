@@ -265,8 +265,8 @@ def test_auto_detection_picks_each_writer(tmp_path: Path) -> None:
 
 
 def test_a_tree_with_nothing_recognisable_has_no_layout(tmp_path: Path) -> None:
-    from checkpoint_exporter.layouts import detect
-    from checkpoint_exporter.listing import OpsBudget, TreeReader
+    from checkpoint_exporter.sources.layouts import detect
+    from checkpoint_exporter.sources.listing import OpsBudget, TreeReader
 
     build(tmp_path, {"logs/out.txt": 3, "README": 1})
     tree, _ = TreeReader(tmp_path, OpsBudget()).read()

@@ -6,7 +6,7 @@ import os
 import time
 from pathlib import Path
 
-from checkpoint_exporter.listing import DIR, FILE, LINK, OTHER, OpsBudget, TreeReader
+from checkpoint_exporter.sources.listing import DIR, FILE, LINK, OTHER, OpsBudget, TreeReader
 from tests.helpers.trees import build
 
 

@@ -13,12 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from checkpoint_exporter import dcp_metadata, scanner
-from checkpoint_exporter.layouts.base import ZIP, Check, Found
+from checkpoint_exporter.core.tracker import ValidationRequest
+from checkpoint_exporter.daemon import scanner
+from checkpoint_exporter.daemon.scanner import Validator
 from checkpoint_exporter.model import COMMITTED
-from checkpoint_exporter.scanner import Validator
-from checkpoint_exporter.tracker import ValidationRequest
-from checkpoint_exporter.validate import Limits, Verdict
+from checkpoint_exporter.sources import dcp_metadata
+from checkpoint_exporter.sources.layouts.base import ZIP, Check, Found
+from checkpoint_exporter.sources.validate import Limits, Verdict
 from tests.helpers.trees import dcp_generation, dcp_metadata_bytes
 
 MiB = 1024 * 1024

@@ -15,11 +15,12 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.openmetrics.exposition import generate_latest as openmetrics
 from prometheus_client.registry import CollectorRegistry
 
-from checkpoint_exporter import metrics
-from checkpoint_exporter.collectors import ALL_SPECS, REGISTRY, enabled_collectors
-from checkpoint_exporter.collectors.base import NoDataError, SnapshotCollector
 from checkpoint_exporter.config import parse_config
-from checkpoint_exporter.exposition import Renderer, runtime_registry
+from checkpoint_exporter.core.tracker import Tracker
+from checkpoint_exporter.exposition import metrics
+from checkpoint_exporter.exposition.collectors import ALL_SPECS, REGISTRY, enabled_collectors
+from checkpoint_exporter.exposition.collectors.base import NoDataError, SnapshotCollector
+from checkpoint_exporter.exposition.renderer import Renderer, runtime_registry
 from checkpoint_exporter.model import (
     DURABLE,
     DaemonState,
@@ -27,7 +28,6 @@ from checkpoint_exporter.model import (
     HistogramState,
     Snapshot,
 )
-from checkpoint_exporter.tracker import Tracker
 from tests.conftest import parse_samples
 from tests.helpers.synthetic import generations, synthetic_tracker
 
@@ -93,7 +93,7 @@ def test_each_spec_is_spelled_once_and_named_by_convention() -> None:
     table = metrics.reference_table()
     assert table.count("\n| `checkpoint_") == len(ALL_SPECS)
     assert (
-        "| `checkpoint_deadline_seconds` | gauge | `training_job` | `jobs` (collectors/jobs.py) |"
+        "| `checkpoint_deadline_seconds` | gauge | `training_job` | `jobs` (exposition/collectors/jobs.py) |"
         in table
     )
 

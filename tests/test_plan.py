@@ -13,7 +13,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from checkpoint_exporter.config import parse_config
-from checkpoint_exporter.plan import (
+from checkpoint_exporter.plan.worksheet import (
     INPUT_FIELDS,
     LIMITS,
     OUTPUT_KEYS,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -12,7 +13,14 @@ from tests.conftest import REPO
 
 def test_generated_files_are_current() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "checkpoint_exporter.generate", "--check", "--root", str(REPO)],
+        [
+            sys.executable,
+            "-m",
+            "checkpoint_exporter.mixin.generate",
+            "--check",
+            "--root",
+            str(REPO),
+        ],
         capture_output=True,
         text=True,
         timeout=120,
@@ -24,7 +32,7 @@ def test_generate_check_detects_a_stale_file(tmp_path: Path) -> None:
     shutil.copytree(REPO / "docs", tmp_path / "docs")
     doc = tmp_path / "docs" / "metrics.md"
     doc.write_text(doc.read_text().replace("checkpoint_deadline_seconds", "checkpoint_renamed"))
-    command = [sys.executable, "-m", "checkpoint_exporter.generate", "--root", str(tmp_path)]
+    command = [sys.executable, "-m", "checkpoint_exporter.mixin.generate", "--root", str(tmp_path)]
     stale = subprocess.run([*command, "--check"], capture_output=True, text=True, timeout=120)
     assert stale.returncode == 1 and "docs/metrics.md" in stale.stdout
     assert subprocess.run(command, capture_output=True, timeout=120).returncode == 0
@@ -54,3 +62,37 @@ def test_ruff_is_clean() -> None:
         [ruff, "format", "--check", *paths], capture_output=True, text=True, timeout=120
     )
     assert fmt.returncode == 0, fmt.stdout
+
+
+def _lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
+    """import-linter's contracts (pyproject.toml) over the package under ``root``."""
+    return subprocess.run(
+        [Path(sys.executable).parent / "lint-imports", "--no-cache"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root / "exporter")},
+    )
+
+
+def test_the_layers_hold() -> None:
+    """sources -> core -> exposition -> daemon: no module imports a layer above its own."""
+    result = _lint_imports(REPO)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_a_reverse_import_breaks_the_contract(tmp_path: Path) -> None:
+    """The contract bites: a source that reaches up into the daemon fails the build."""
+    shutil.copy(REPO / "pyproject.toml", tmp_path)
+    package = tmp_path / "exporter" / "checkpoint_exporter"
+    shutil.copytree(
+        REPO / "exporter" / "checkpoint_exporter",
+        package,
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
+    listing = package / "sources" / "listing.py"
+    listing.write_text(listing.read_text() + "\nfrom checkpoint_exporter.daemon import scanner\n")
+    result = _lint_imports(tmp_path)
+    assert result.returncode != 0
+    assert "checkpoint_exporter.sources.listing -> checkpoint_exporter.daemon" in result.stdout

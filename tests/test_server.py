@@ -196,7 +196,7 @@ def test_version_and_module_entry_point() -> None:
     ],
 )
 def test_gzip_negotiation_honours_quality_values(accept_encoding: str, gzipped: bool) -> None:
-    from checkpoint_exporter.server import gzip_accepted
+    from checkpoint_exporter.exposition.server import gzip_accepted
 
     assert gzip_accepted(accept_encoding) is gzipped
 
@@ -292,9 +292,9 @@ def test_listen_backlog_holds_a_burst_of_connections(exporter) -> None:
 def serve_in_process():
     """A MetricsServer on a loopback port; stopped by the test's end."""
     from checkpoint_exporter.config import WebConfig
-    from checkpoint_exporter.exposition import Renderer
+    from checkpoint_exporter.exposition.renderer import Renderer
+    from checkpoint_exporter.exposition.server import MetricsServer
     from checkpoint_exporter.model import Snapshot
-    from checkpoint_exporter.server import MetricsServer
 
     servers: list[MetricsServer] = []
 
@@ -348,7 +348,7 @@ def test_a_broken_check_is_a_failed_probe(serve_in_process) -> None:
 def test_runbooks_page_has_an_anchor_for_every_heading(serve_in_process) -> None:
     """Alerts link to /runbooks#<alert in lower case>: every heading of docs/runbooks.md has its
     GitHub-style id in the page served from the package's copy (`make generate` copies it)."""
-    from checkpoint_exporter.runbooks_page import slug
+    from checkpoint_exporter.exposition.runbooks_page import slug
     from tests.conftest import REPO
 
     source = (REPO / "docs" / "runbooks.md").read_text()

@@ -19,24 +19,24 @@ import pytest
 
 from checkpoint_exporter import instrument
 from checkpoint_exporter.config import Config, PathsConfig, TelemetryConfig
-from checkpoint_exporter.correlate import counter_delta, gauge_mean, peak_rate
-from checkpoint_exporter.metrics import NoDataError
-from checkpoint_exporter.telemetry import gpu as gpu_module
-from checkpoint_exporter.telemetry.disk import DiskSource, parse_diskstats, resolve
-from checkpoint_exporter.telemetry.filesystem import (
+from checkpoint_exporter.exposition.metrics import NoDataError
+from checkpoint_exporter.sources.telemetry import gpu as gpu_module
+from checkpoint_exporter.sources.telemetry.correlate import counter_delta, gauge_mean, peak_rate
+from checkpoint_exporter.sources.telemetry.disk import DiskSource, parse_diskstats, resolve
+from checkpoint_exporter.sources.telemetry.filesystem import (
     CapacityMonitor,
     ProbeState,
     Reading,
     Target,
     capacity_of,
 )
-from checkpoint_exporter.telemetry.gpu import GpuSource
-from checkpoint_exporter.telemetry.infiniband import InfinibandSource
-from checkpoint_exporter.telemetry.net import NetSource, parse_net_dev
-from checkpoint_exporter.telemetry.node import NodeTelemetry
-from checkpoint_exporter.telemetry.ring import Ring
-from checkpoint_exporter.telemetry.sampler import Sampler
-from checkpoint_exporter.watch import Mount
+from checkpoint_exporter.sources.telemetry.gpu import GpuSource
+from checkpoint_exporter.sources.telemetry.infiniband import InfinibandSource
+from checkpoint_exporter.sources.telemetry.net import NetSource, parse_net_dev
+from checkpoint_exporter.sources.telemetry.node import NodeTelemetry
+from checkpoint_exporter.sources.telemetry.ring import Ring
+from checkpoint_exporter.sources.telemetry.sampler import Sampler
+from checkpoint_exporter.sources.watch import Mount
 from tests.conftest import REPO, Exporter, sample, wait_for, write_config
 from tests.helpers.node import NET_DEV_HEADER, FakeNode
 from tests.helpers.trees import dcp_generation

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from checkpoint_exporter.config import Config, Policy
-from checkpoint_exporter.layouts.base import DCP, Check, Found
+from checkpoint_exporter.core.tracker import JobTracker, Tracker
 from checkpoint_exporter.model import ABORTED, COMMITTED, DURABLE, STAGING, WRITING, WatchedPath
-from checkpoint_exporter.tracker import JobTracker, Tracker
-from checkpoint_exporter.validate import Verdict
+from checkpoint_exporter.sources.layouts.base import DCP, Check, Found
+from checkpoint_exporter.sources.validate import Verdict
 
 T = 1_800_000_000.0
 CHECK = (Check(DCP, "x"),)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from checkpoint_exporter.layouts.base import (
+from checkpoint_exporter.sources.layouts.base import (
     DCP,
     INTEGRITY,
     SAFETENSORS,
@@ -20,8 +20,8 @@ from checkpoint_exporter.layouts.base import (
     ZIP,
     Check,
 )
-from checkpoint_exporter.listing import OpsBudget, TreeReader
-from checkpoint_exporter.validate import Limits, validate
+from checkpoint_exporter.sources.listing import OpsBudget, TreeReader
+from checkpoint_exporter.sources.validate import Limits, validate
 
 pytestmark = [pytest.mark.torch]
 

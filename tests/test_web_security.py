@@ -457,9 +457,9 @@ def test_a_queue_of_password_checks_is_bounded(monkeypatch) -> None:
 def test_too_many_waiting_checks_get_429(monkeypatch) -> None:
     """The handler's answer to AuthBusy, through a real server in process."""
     from checkpoint_exporter.config import WebConfig
-    from checkpoint_exporter.exposition import Renderer
+    from checkpoint_exporter.exposition.renderer import Renderer
+    from checkpoint_exporter.exposition.server import MetricsServer
     from checkpoint_exporter.model import Snapshot
-    from checkpoint_exporter.server import MetricsServer
 
     security = _security(prometheus=_hash(PASSWORD))
     monkeypatch.setattr(webconfig, "MAX_WAITING_CHECKS", 0)
@@ -480,9 +480,9 @@ def test_probes_need_no_credentials_and_the_runbooks_do() -> None:
     /runbooks needs the password like every other page (docs/security.md: only the probes are
     open), and a failing probe's answer is the reason alone."""
     from checkpoint_exporter.config import WebConfig
-    from checkpoint_exporter.exposition import Renderer
+    from checkpoint_exporter.exposition.renderer import Renderer
+    from checkpoint_exporter.exposition.server import MetricsServer
     from checkpoint_exporter.model import Snapshot
-    from checkpoint_exporter.server import MetricsServer
 
     security = _security(prometheus=_hash(PASSWORD))
     web = WebConfig(listen_address="127.0.0.1:0")

@@ -39,8 +39,8 @@ def _add_common(parser: argparse.ArgumentParser, config_required: bool = False) 
 
 
 def _add_serve(parser: argparse.ArgumentParser) -> None:
-    from checkpoint_exporter.collectors import REGISTRY
     from checkpoint_exporter.config import DEFAULT_LISTEN_ADDRESS
+    from checkpoint_exporter.exposition.collectors import REGISTRY
 
     _add_common(parser)
     web = parser.add_argument_group("web")
@@ -91,7 +91,7 @@ def _add_serve(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_plan(parser: argparse.ArgumentParser) -> None:
-    from checkpoint_exporter.plan import INPUT_FIELDS
+    from checkpoint_exporter.plan.worksheet import INPUT_FIELDS
 
     parser.add_argument("--config", metavar="FILE", help="YAML file of plan inputs (keys as below)")
     parser.add_argument(
@@ -271,13 +271,13 @@ def _reload_config(args: argparse.Namespace, scanner: Any) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from checkpoint_exporter.collectors import REGISTRY, enabled_collectors
     from checkpoint_exporter.config import ConfigError
-    from checkpoint_exporter.exposition import Renderer, runtime_registry
-    from checkpoint_exporter.scanner import Scanner
-    from checkpoint_exporter.server import MetricsServer
-    from checkpoint_exporter.telemetry.node import NodeTelemetry
-    from checkpoint_exporter.tracker import Tracker
+    from checkpoint_exporter.core.tracker import Tracker
+    from checkpoint_exporter.daemon.scanner import Scanner
+    from checkpoint_exporter.exposition.collectors import REGISTRY, enabled_collectors
+    from checkpoint_exporter.exposition.renderer import Renderer, runtime_registry
+    from checkpoint_exporter.exposition.server import MetricsServer
+    from checkpoint_exporter.sources.telemetry.node import NodeTelemetry
 
     try:
         config = _apply_flags(_load_config(args.config_file), args)
@@ -377,7 +377,7 @@ def _plan(args: argparse.Namespace) -> int:
     import yaml
 
     from checkpoint_exporter.config import read_yaml
-    from checkpoint_exporter.plan import (
+    from checkpoint_exporter.plan.worksheet import (
         INPUT_FIELDS,
         WORKED_EXAMPLE,
         PlanInputError,
@@ -441,8 +441,8 @@ def _restore_drill(args: argparse.Namespace) -> int:
 
 def _generate(args: argparse.Namespace) -> int:
     from checkpoint_exporter.config import ConfigError
-    from checkpoint_exporter.generate import write_outputs
-    from checkpoint_exporter.mixin import load_mixin
+    from checkpoint_exporter.mixin.config import load_mixin
+    from checkpoint_exporter.mixin.generate import write_outputs
 
     try:
         mixin = load_mixin(args.config_file)
@@ -458,7 +458,7 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from checkpoint_exporter.demo import run
+    from checkpoint_exporter.demo.cluster import run
 
     return run(Path(args.workdir) if args.workdir else None, args.duration, args.port)
 

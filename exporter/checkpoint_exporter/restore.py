@@ -23,12 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from checkpoint_exporter import instrument, layouts
+from checkpoint_exporter import instrument
 from checkpoint_exporter.config import Config
-from checkpoint_exporter.layouts.base import DCP, ZIP, Found, Options
-from checkpoint_exporter.listing import OpsBudget, TreeReader
 from checkpoint_exporter.model import COMMITTED
-from checkpoint_exporter.validate import Limits, validate
+from checkpoint_exporter.sources import layouts
+from checkpoint_exporter.sources.layouts.base import DCP, ZIP, Found, Options
+from checkpoint_exporter.sources.listing import OpsBudget, TreeReader
+from checkpoint_exporter.sources.validate import Limits, validate
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 _NO_TORCH = 3  # the worker's exit status when torch cannot be imported

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from checkpoint_exporter.config import Config, JobConfig, Policy
-from checkpoint_exporter.listing import TreeReader
-from checkpoint_exporter.scanner import STUCK_SECONDS, Scanner
-from checkpoint_exporter.tracker import Tracker
+from checkpoint_exporter.core.tracker import Tracker
+from checkpoint_exporter.daemon.scanner import STUCK_SECONDS, Scanner
+from checkpoint_exporter.sources.listing import TreeReader
 from tests.conftest import Exporter, sample, wait_for, write_config
 from tests.faults.hungfs import hung_mount, tmpfs
 from tests.faults.test_spool_floods import flood

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from checkpoint_exporter.listing import OpsBudget, TreeReader
-from checkpoint_exporter.scanner import Validator
-from checkpoint_exporter.tracker import ValidationRequest
-from checkpoint_exporter.validate import Limits
+from checkpoint_exporter.core.tracker import ValidationRequest
+from checkpoint_exporter.daemon.scanner import Validator
+from checkpoint_exporter.sources.listing import OpsBudget, TreeReader
+from checkpoint_exporter.sources.validate import Limits
 from tests.conftest import as_nobody, parse_samples, sample, wait_for, write_config
 from tests.helpers.trees import dcp_generation, scan
 

@@ -149,14 +149,14 @@ _WRITERS = {
 }  # fmt: skip
 _ALLOWED = {
     "cli.py": "writes the files `rules`, `dashboards` and `plan` are asked to write",
-    "demo.py": "writes the simulated cluster in its own work directory",
-    "generate.py": "writes the repository's generated files",
+    "demo/cluster.py": "writes the simulated cluster in its own work directory",
+    "mixin/generate.py": "writes the repository's generated files",
     "instrument.py": "runs inside training jobs, appending to the spool",
-    "spool.py": "removes spool files past spool_retention (the spool is not a watched path)",
+    "sources/spool.py": "removes spool files past spool_retention (the spool is not watched)",
     "restore.py": "the drill's worker writes its result to a pipe and temporary files only",
-    "fsread.py": "opens read-only, O_NOFOLLOW (its flags are checked by the test below); every "
-    "read of a watched file or directory goes through it",
-    "inotify.py": "creates a pipe to wake its own thread",
+    "sources/fsread.py": "opens read-only, O_NOFOLLOW (its flags are checked by the test below); "
+    "every read of a watched file or directory goes through it",
+    "sources/inotify.py": "creates a pipe to wake its own thread",
 }
 
 
@@ -189,7 +189,7 @@ def test_only_modules_away_from_watched_paths_write_files() -> None:
         if calls and relative not in _ALLOWED:
             offenders[relative] = calls
     assert not offenders, f"file-changing calls outside the allowed modules: {offenders}"
-    fsread = (package / "fsread.py").read_text()
+    fsread = (package / "sources" / "fsread.py").read_text()
     flags = dict(re.findall(r"^(_\w*FLAGS) = (.+)$", fsread, re.M))
     assert set(flags) == {"_FLAGS", "_ROOT_DIRECTORY_FLAGS", "_DIRECTORY_FLAGS"}, flags
     assert "O_RDONLY" in flags["_FLAGS"] and "O_NOFOLLOW" in flags["_FLAGS"]

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from checkpoint_exporter.clocks import MAX_OPEN_SAVES, Clocks
-from checkpoint_exporter.spool import SpoolReader
+from checkpoint_exporter.core.clocks import MAX_OPEN_SAVES, Clocks
+from checkpoint_exporter.sources.spool import SpoolReader
 from tests.conftest import parse_samples, sample, wait_for, write_config
 
 pytestmark = [pytest.mark.daemon]

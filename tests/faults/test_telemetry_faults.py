@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from checkpoint_exporter.config import Config, PathsConfig, TelemetryConfig
-from checkpoint_exporter.telemetry.filesystem import Capacity
-from checkpoint_exporter.telemetry.node import NodeTelemetry
-from checkpoint_exporter.watch import Mount
+from checkpoint_exporter.sources.telemetry.filesystem import Capacity
+from checkpoint_exporter.sources.telemetry.node import NodeTelemetry
+from checkpoint_exporter.sources.watch import Mount
 from tests.conftest import REPO, wait_for
 from tests.faults.hungfs import hung_mount
 from tests.helpers.node import FakeNode
@@ -134,8 +134,8 @@ CHILD = """
 import signal, sys, threading
 from pathlib import Path
 from checkpoint_exporter.config import Config, PathsConfig, TelemetryConfig
-from checkpoint_exporter.telemetry.node import NodeTelemetry
-from checkpoint_exporter.watch import Mount
+from checkpoint_exporter.sources.telemetry.node import NodeTelemetry
+from checkpoint_exporter.sources.watch import Mount
 
 procfs, sysfs, hung = sys.argv[1:]
 asked = threading.Event()

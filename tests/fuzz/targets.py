@@ -19,19 +19,19 @@ from array import array
 from pathlib import Path
 from typing import Any
 
-from checkpoint_exporter import dcp_metadata, layouts
-from checkpoint_exporter.clocks import (
+from checkpoint_exporter.config import ConfigError, parse_config
+from checkpoint_exporter.core.clocks import (
     MAX_OPEN_RESTORES,
     MAX_OPEN_SAVES,
     MAX_RANKS,
     MAX_SECONDS,
     Clocks,
 )
-from checkpoint_exporter.config import ConfigError, parse_config
 from checkpoint_exporter.instrument import EVENTS
-from checkpoint_exporter.layouts.base import Options
-from checkpoint_exporter.listing import DIR, FILE, LINK, OTHER, Dir
-from checkpoint_exporter.spool import FUTURE_SLACK, MAX_EVENT_AGE, MAX_LINE, SpoolReader
+from checkpoint_exporter.sources import dcp_metadata, layouts
+from checkpoint_exporter.sources.layouts.base import Options
+from checkpoint_exporter.sources.listing import DIR, FILE, LINK, OTHER, Dir
+from checkpoint_exporter.sources.spool import FUTURE_SLACK, MAX_EVENT_AGE, MAX_LINE, SpoolReader
 from checkpoint_exporter.webconfig import load_web_config
 
 STATES = ("writing", "committed", "aborted")

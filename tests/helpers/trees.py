@@ -7,9 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from checkpoint_exporter.layouts import REGISTRY, Options, detect
-from checkpoint_exporter.layouts.base import Found
-from checkpoint_exporter.listing import OpsBudget, TreeReader
+from checkpoint_exporter.sources.layouts import REGISTRY, Options, detect
+from checkpoint_exporter.sources.layouts.base import Found
+from checkpoint_exporter.sources.listing import OpsBudget, TreeReader
 
 BASE = 1_800_000_000.0  # a fixed wall-clock origin for mtimes
 
@@ -56,7 +56,7 @@ def scan(
 
 
 def _content_files() -> frozenset[str]:
-    from checkpoint_exporter.layouts import ALL_CONTENT_FILES
+    from checkpoint_exporter.sources.layouts import ALL_CONTENT_FILES
 
     return ALL_CONTENT_FILES
 

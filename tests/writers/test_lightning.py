@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from checkpoint_exporter.layouts.base import ZIP_STEP
-from checkpoint_exporter.validate import Verdict, validate
+from checkpoint_exporter.sources.layouts.base import ZIP_STEP
+from checkpoint_exporter.sources.validate import Verdict, validate
 from tests.conftest import parse_samples
 from tests.helpers.trees import scan
 from tests.writers.harness import JOB, Driver, Expected, Watched, writer_python

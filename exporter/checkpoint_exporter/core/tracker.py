@@ -1,0 +1,885 @@
+"""Per-job state machines, fed by scans; published to scrapes as an immutable Snapshot.
+
+One thread (the scanner) owns every tracker and calls ``publish``; scrapes read ``snapshot``, a
+reference swapped atomically, so a scrape never waits for a scan and never sees half an update.
+
+Counters count only what happens while the daemon runs: what the first scan of a tier finds
+already committed or aborted is history and sets gauges only, so a restart never inflates a
+``_total`` series. A save found in flight at start-up is counted when it ends.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import time
+from collections import Counter, OrderedDict, deque
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass, field, replace
+
+from checkpoint_exporter.config import Config, JobConfig, Policy
+from checkpoint_exporter.core.clocks import (
+    SETTLE_SECONDS,
+    Clocks,
+    RestoreRun,
+    SaveKey,
+    Timeline,
+    save_key,
+)
+from checkpoint_exporter.core.drain import DrainState, drain_state
+from checkpoint_exporter.model import (
+    ABORTED,
+    COMMITTED,
+    DELETING,
+    DURABLE,
+    PHASES,
+    STAGING,
+    WRITING,
+    DaemonState,
+    FilesystemState,
+    Generation,
+    HistogramState,
+    JobState,
+    RestoreRecord,
+    SaveRecord,
+    Snapshot,
+    WatchedPath,
+    WindowTelemetry,
+    newest_committed,
+)
+from checkpoint_exporter.sources.layouts.base import Found
+from checkpoint_exporter.sources.spool import Event
+from checkpoint_exporter.sources.validate import Verdict
+
+log = logging.getLogger(__name__)
+
+# Save-duration buckets in seconds, few because every job and phase multiplies them; each job
+# adds its own deadline, the boundary its SLO counts against.
+DURATION_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600)
+RECENT = 12  # saves and restores each job remembers for the landing page
+SKEW_SAMPLES = 16  # changes whose mtime-versus-local-clock offsets estimate the storage's skew
+SKEW_TOLERANCE = 2.0  # offsets this small are detection latency, not a clock to correct
+# A save or restore whose ranks never all report is given up after this long.
+SAVE_TIMELINE_EXPIRY = 3600.0
+RESTORE_EXPIRY = 6 * 3600.0
+# ``next_due`` answers just past a deadline, since the deadlines compare strictly.
+TICK_MARGIN = 0.01
+
+
+class Histogram:
+    def __init__(self, bounds: tuple[float, ...]):
+        self.bounds = tuple(sorted(set(bounds)))
+        self.counts = [0] * (len(self.bounds) + 1)
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+    def state(self) -> HistogramState:
+        return HistogramState(self.bounds, tuple(self.counts), self.sum)
+
+
+@dataclass
+class _Gen:
+    found: Found
+    tier: str
+    state: str
+    start_time: float
+    progress_at: float  # local clock: when a change was last observed (skew-proof abort timer)
+    history: bool  # already there at the first scan
+    valid: bool | None = None
+    invalid_reason: str | None = None
+    validated: tuple[int, int, float] | None = None  # signature the verdict is for
+    pending: tuple[int, int, float] | None = None  # signature submitted for validation
+    step_inside: int | None = None  # read inside the generation by the validator
+    retry_at: float = 0.0  # its checks could not run: not asked again before this
+    # The commit marker's time when last seen committed (kept while its files go or change).
+    committed_at: float | None = None
+    # A generation without a marker rewritten in place (save_pretrained into the same directory,
+    # last.ckpt saved again): what it was when last committed, still shown as committed while
+    # the new content settles, so no gauge blinks at every save. Dropped when the rewrite is
+    # judged, or aborted (then nothing known restorable is left at that name).
+    last_commit: Generation | None = None
+
+    @property
+    def signature(self) -> tuple[int, int, float]:
+        return self.found.bytes, self.found.files, self.found.last_write_time
+
+    @property
+    def commit_time(self) -> float:
+        # A generation without a marker committed when its last write ended.
+        found = self.found
+        return found.commit_time if found.commit_time is not None else found.last_write_time
+
+    def still(self, now: float, settle: float) -> bool:
+        """Unchanged for the settle period (a generation without a commit marker)."""
+        return now - self.progress_at >= settle
+
+    def public(self) -> Generation:
+        found = self.found
+        return Generation(
+            id=found.id,
+            tier=self.tier,
+            step=found.step if found.step is not None else self.step_inside,
+            state=self.state,
+            start_time=self.start_time,
+            last_write_time=found.last_write_time,
+            commit_time=self.commit_time if self.state == COMMITTED else None,
+            bytes=found.bytes,
+            files=found.files,
+            valid=self.valid,
+            invalid_reason=self.invalid_reason,
+            alias=found.alias,
+        )
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What one scan of a tier did: the committed generations to validate, and the ones this
+    scan saw commit (their files were last statted mid-write: the core reads them once more,
+    in full, and observes again)."""
+
+    requests: list[ValidationRequest] = field(default_factory=list)
+    just_committed: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ValidationRequest:
+    job: str
+    tier: str
+    generation: str
+    signature: tuple[int, int, float]
+    found: Found
+
+
+@dataclass
+class JobTracker:
+    """The lifecycle of every generation of one job, across its tiers."""
+
+    name: str
+    paths: tuple[WatchedPath, ...]
+    policy: Policy
+    layout: str = ""
+    _gens: dict[tuple[str, str], _Gen] = field(default_factory=dict)
+    _scanned: set[str] = field(default_factory=set)
+    # Per tier, what the last scan could not read: a generation first seen once it became
+    # readable is history, and no save behind it is aborted while it cannot be seen.
+    _unreadable: dict[str, frozenset[str]] = field(default_factory=dict)
+    _hidden_since: dict[str, float] = field(default_factory=dict)  # when that began, per tier
+    saves_committed: int = 0
+    saves_aborted: int = 0
+    deadline_misses: int = 0
+    validation_failures: Counter[str] = field(default_factory=Counter)
+    durations: dict[str, Histogram] = field(default_factory=dict)
+    _just_committed: list[str] = field(default_factory=list)
+    clocks: Clocks = field(default_factory=Clocks)
+    last_phases: dict[str, float] = field(default_factory=dict)
+    last_write_end: float | None = None
+    last_write_spread: float | None = None
+    restores: int = 0
+    restore_failures: int = 0
+    restore_last_success: float | None = None
+    restore_last_duration: float | None = None
+    _accounted: OrderedDict[SaveKey, None] = field(default_factory=OrderedDict)
+    # Raised whenever anything the published state shows changes; the state is rebuilt (and
+    # re-rendered) only when it moved, so an idle job costs nothing.
+    version: int = 0
+    _cached: JobState | None = None
+    _writing: bool = False
+    # The newest committed generation's last known verdict: while a newer one is validated, the
+    # valid gauge keeps it rather than disappearing (a blinking gauge breaks `for:` and absent()).
+    _last_verdict: bool | None = None
+    _next_retry: float | None = None  # the soonest retry_at of a generation left unchecked
+    last_window: tuple[float, float] | None = None  # the newest finished save: start, commit
+    window_telemetry: WindowTelemetry | None = None
+    drain: DrainState = field(default_factory=DrainState)
+    staged_bytes: int = 0
+    drained_bytes: int = 0
+    lost_generations: int = 0
+    recent_saves: deque[SaveRecord] = field(default_factory=lambda: deque(maxlen=RECENT))
+    recent_restores: deque[RestoreRecord] = field(default_factory=lambda: deque(maxlen=RECENT))
+    _staged_counted: dict[str, int] | None = None  # None until both tiers were scanned once
+    # Newest mtime of each change minus the local time it was seen: the storage clock's offset
+    # plus detection latency, so the largest recent sample is the best estimate of the offset.
+    _skew_samples: deque[float] = field(default_factory=lambda: deque(maxlen=SKEW_SAMPLES))
+    _drained_counted: set[str] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.layout = self.layout or self.policy.layout
+        bounds = (*DURATION_BUCKETS, self.policy.deadline)
+        self.durations = {phase: Histogram(bounds) for phase in PHASES}
+
+    # --- scans ---------------------------------------------------------------------------
+
+    def observe(
+        self,
+        tier: str,
+        found: list[Found],
+        now: float,
+        unreadable: Collection[str] = (),
+        layout: str | None = None,
+    ) -> Observed:
+        """Apply one scan of ``tier``: what to validate, and what just committed (``Observed``).
+
+        ``layout``: the layout the scan detected (None when fixed by the config or not known
+        yet); the durable tier's names the job's.
+        ``unreadable`` names the relative paths the scan could not read ("" for the root): what
+        is known below them stays as it was (a permission flipped for a moment is not a deletion
+        followed by a burst of false commits), and nothing new is taken from them.
+        """
+        if tier == DURABLE and layout is not None and layout != self.layout:
+            log.info("job=%s: layout detected as %s", self.name, layout)
+            self.layout = layout
+            self._touch()
+        if unreadable and first_read_failed(tier, self._scanned, unreadable):
+            return Observed()  # nothing known yet and nothing readable: the next read is the first
+        first = tier not in self._scanned
+        hidden_before = self._unreadable.get(tier, frozenset())
+        hidden_since = self._hidden_since.get(tier, now)
+        self._unreadable[tier] = frozenset(unreadable)
+        if not unreadable:
+            self._hidden_since.pop(tier, None)
+        elif not hidden_before:
+            self._hidden_since[tier] = now
+        self._just_committed = []
+        self._scanned.add(tier)
+        changed = first
+        seen = set()
+        requests = []
+        for item in found:
+            key = (tier, item.id)
+            if unreadable and _behind(item.id, unreadable):
+                if key in self._gens:
+                    seen.add(key)
+                continue
+            seen.add(key)
+            gen = self._gens.get(key)
+            if gen is None:
+                # Behind what could not be read, and written before that began: it was there
+                # all along, unseen (history); written since, it is a save like any other.
+                history = first or (
+                    bool(hidden_before)
+                    and _behind(item.id, hidden_before)
+                    and item.last_write_time < hidden_since
+                )
+                gen, changed = self._new(tier, item, now, history), True
+            elif item is not gen.found:  # the scanner passes the same Found while nothing moved
+                self._update(gen, item, now)
+                changed = True
+            if item.invalid and gen.state == COMMITTED and gen.validated != gen.signature:
+                self._verdict(gen, Verdict(False, item.reason, "found by the layout"))
+                changed = True
+            elif self._settled(gen, now) and not gen.found.checks:
+                self._judged(gen, Verdict(True))  # nothing structural to wait for
+                changed = True
+            elif self._needs_validation(gen, now):
+                requests.append(ValidationRequest(self.name, tier, item.id, gen.signature, item))
+        for key in [k for k in self._gens if k[0] == tier and k not in seen]:
+            if unreadable and _behind(key[1], unreadable):
+                continue  # not seen because it could not be read: kept as last known
+            del self._gens[key]  # deleted (retention) or renamed away
+            changed = True
+        self._next_retry = min(
+            (g.retry_at for g in self._gens.values() if g.retry_at > now and g.pending is None),
+            default=None,
+        )
+        if changed:
+            self._touch()
+        self._writing = any(gen.state == WRITING for gen in self._gens.values())
+        self._update_drain()
+        # Newest first, so the generation a restore would pick is judged first.
+        requests.sort(key=lambda r: r.found.commit_time or 0.0, reverse=True)
+        return Observed(requests, tuple(self._just_committed))
+
+    def _new(self, tier: str, item: Found, now: float, first: bool) -> _Gen:
+        gen = _Gen(item, tier, item.state, item.start_time, now, history=first)
+        gen.committed_at = item.commit_time if item.state == COMMITTED else None
+        if not first:
+            self._skew_samples.append(item.last_write_time - now)
+        self._gens[(tier, item.id)] = gen
+        if first and item.settles:
+            # Found at start-up: judged at once if its files are already older than the settle
+            # period (history either way), else once they stay still.
+            if now - item.last_write_time >= self.policy.settle:
+                gen.progress_at = now - self.policy.settle
+            else:
+                gen.history = False
+        elif first:
+            # History: final states set gauges only; a save whose own files stopped changing
+            # longer than the deadline ago was abandoned before we started.
+            if item.state == WRITING and now - item.last_write_time > self.policy.deadline:
+                gen.state = ABORTED
+        elif item.state == COMMITTED:
+            self._commit(gen)
+        elif item.state == ABORTED:
+            self._abort(gen, item.reason)
+        if gen.state == COMMITTED and not item.checks and not item.invalid:
+            gen.valid, gen.validated = True, gen.signature  # nothing structural to check
+        return gen
+
+    def _update(self, gen: _Gen, item: Found, now: float) -> None:
+        moved = (item.bytes, item.files, item.last_write_time) != gen.signature
+        # Retention's rmtree, marker first: files go and nothing comes. Only a generation with a
+        # marker can be told this way; one without (a rewrite that truncates, then grows) is a
+        # new save in progress.
+        shrinking = not item.settles and (
+            item.files < gen.found.files or item.bytes < gen.found.bytes
+        )
+        growing = item.files > gen.found.files or item.bytes > gen.found.bytes
+        # A newer marker over files all written since the last commit: the same name saved
+        # again (dcp.save into a fixed checkpoint_id, the marker renamed over the old one; or a
+        # generation deleted and saved anew), a new save to count. A marker rewritten alone (a
+        # pointer written twice) is not.
+        resaved = (
+            gen.committed_at is not None
+            and item.commit_time is not None
+            and item.commit_time > gen.committed_at
+            and item.start_time > gen.committed_at
+        )
+        before = gen.public() if gen.state == COMMITTED else None
+        if moved:
+            gen.progress_at = now
+            if item.last_write_time != gen.found.last_write_time:
+                self._skew_samples.append(item.last_write_time - now)
+        gen.start_time = min(gen.start_time, item.start_time)
+        gen.found = item
+        if item.state == WRITING and gen.state in (COMMITTED, DELETING) and shrinking:
+            gen.state, gen.last_commit = DELETING, None  # retention at work, marker first
+        elif item.state == COMMITTED and gen.state in (COMMITTED, DELETING) and resaved:
+            self._recommit(gen, item, now)
+        elif item.state == COMMITTED and gen.state == DELETING:
+            gen.state = COMMITTED  # the marker is back (a rename, a restore): nothing new
+        elif item.state == COMMITTED and gen.state != COMMITTED:
+            self._commit(gen)
+            self._just_committed.append(item.id)
+            if not item.checks and not item.invalid:
+                gen.valid, gen.validated = True, gen.signature
+        elif item.state == ABORTED and gen.state == WRITING:
+            self._abort(gen, item.reason)
+        elif item.state == WRITING and (
+            (gen.state == COMMITTED and (moved or not item.settles))
+            or (gen.state == ABORTED and item.settles and moved)
+            or (gen.state == DELETING and growing)  # written anew in place
+        ):
+            # The commit marker went away, or a generation without one changed after its
+            # verdict: it is being written again (rewritten in place, copied over), a new save.
+            gen.state, gen.history = WRITING, False
+            gen.valid = gen.invalid_reason = gen.validated = gen.pending = None
+            gen.progress_at = now
+            gen.start_time = item.start_time if moved else gen.start_time
+            if item.settles and before is not None:
+                gen.last_commit = before
+        elif item.settles and moved and gen.state == WRITING:
+            gen.history = False  # it moved while we watched: a live save, counted when judged
+        if gen.state == COMMITTED and item.commit_time is not None:
+            gen.committed_at = item.commit_time
+
+    def _recommit(self, gen: _Gen, item: Found, now: float) -> None:
+        """The generation was saved again under its own name: a new save, counted and judged
+        afresh (its previous verdict stands on the gauge until the new one is known)."""
+        gen.state, gen.history, gen.last_commit = WRITING, False, None
+        gen.start_time, gen.progress_at = item.start_time, now
+        gen.valid = gen.invalid_reason = gen.validated = gen.pending = None
+        self._commit(gen)
+        self._just_committed.append(item.id)
+        if not item.checks and not item.invalid:
+            gen.valid, gen.validated = True, gen.signature
+
+    def tick(self, now: float) -> None:
+        """Abort saves that made no progress for the deadline (measured on the local clock)."""
+        if self._writing:
+            for gen in self._gens.values():
+                hidden = self._unreadable.get(gen.tier)
+                if hidden and _behind(gen.found.id, hidden):
+                    continue  # cannot be seen now: no progress is not evidence of an abort
+                if gen.state == WRITING and self._stalled(gen, now):
+                    reason = gen.invalid_reason or (
+                        f"no progress for {self.policy.deadline:g} s since its last write"
+                    )
+                    self._abort(gen, reason)
+                    self._touch()
+            self._writing = any(gen.state == WRITING for gen in self._gens.values())
+        if (self.clocks.saves or self.clocks.restores) and self._settle(now):
+            self._touch()
+
+    def next_due(self, now: float) -> float | None:
+        """When ``tick`` next has something to do (an abort deadline, a spool timeline to settle
+        or give up) or a generation left unchecked is due again: None when nothing is pending,
+        so an idle job costs nothing between events."""
+        due = [] if self._next_retry is None else [self._next_retry]
+        if self._writing:
+            for gen in self._gens.values():
+                if gen.state != WRITING:
+                    continue
+                hidden = self._unreadable.get(gen.tier)
+                if hidden and _behind(gen.found.id, hidden):
+                    continue  # judged again once it can be seen (a scan is what changes it)
+                limit = self._stall_limit(gen)
+                if limit is not None:
+                    due.append(gen.progress_at + limit + TICK_MARGIN)
+        expired = max(SAVE_TIMELINE_EXPIRY, 3 * self.policy.deadline)
+        for timeline in self.clocks.saves.values():
+            if timeline.ended:
+                due.append(timeline.last_arrival + SETTLE_SECONDS + TICK_MARGIN)
+            due.append(timeline.first_seen + expired + TICK_MARGIN)
+        for run in self.clocks.restores.values():
+            due.append(run.first_seen + RESTORE_EXPIRY + TICK_MARGIN)
+        return min(due, default=None)
+
+    def _counts(self, gen: _Gen) -> bool:
+        # Save lifecycle counters follow the durable tier; the staging tier feeds drain metrics.
+        return gen.tier == DURABLE
+
+    def _commit(self, gen: _Gen) -> None:
+        gen.state = COMMITTED
+        if not self._counts(gen):
+            return
+        self.saves_committed += 1
+        commit = gen.found.commit_time or gen.found.last_write_time
+        staged = self._gens.get((STAGING, gen.found.id))
+        if staged is not None:  # a two-tier save started when its staging copy did
+            gen.start_time = min(gen.start_time, staged.start_time)
+        duration = max(0.0, commit - gen.start_time)  # both mtimes: one clock, never negative
+        key = self._save_key(gen)
+        if key in self._accounted:
+            return  # its events already told the whole story
+        timeline = self.clocks.saves.get(key) if key else None
+        if timeline is not None:
+            # Its ranks know the phases, on this node's clock; the durable commit, moved onto
+            # that clock, is where a two-tier save ends.
+            timeline.disk_total, timeline.durable_commit = duration, self.local_time(commit)
+            return  # the next tick settles it
+        window = (self.local_time(gen.start_time), self.local_time(commit))
+        self._account({"total": duration}, live=True, key=key, window=window)
+
+    @property
+    def storage_clock_skew(self) -> float | None:
+        return max(self._skew_samples) if self._skew_samples else None
+
+    def local_time(self, mtime: float) -> float:
+        """A storage timestamp on this node's clock, once the offset is clearly more than the
+        detection latency (telemetry windows and event timelines run on the local clock)."""
+        skew = self.storage_clock_skew
+        tolerance = max(SKEW_TOLERANCE, self.policy.poll_interval + 1.0)
+        if skew is None or abs(skew) <= tolerance:
+            return mtime
+        return mtime - skew
+
+    def _save_key(self, gen: _Gen) -> SaveKey | None:
+        """The key under which this generation's spool events are filed."""
+        if gen.found.step is not None:
+            return save_key(gen.found.step, None)
+        path = self._path_of(gen)
+        for key, timeline in self.clocks.saves.items():
+            if timeline.matches_path(path):
+                return key
+        return save_key(None, path)
+
+    def _path_of(self, gen: _Gen) -> str:
+        root = next((p.path for p in self.paths if p.tier == gen.tier), "")
+        return f"{root.rstrip('/')}/{gen.found.id}"
+
+    def _account(
+        self, phases: dict[str, float], live: bool, key: SaveKey | None,
+        timeline: Timeline | None = None, window: tuple[float, float] | None = None,
+    ) -> None:  # fmt: skip
+        """One finished save: its phases set the gauges and, if it ended while we ran, the
+        histograms and the deadline count."""
+        window = timeline.window() if timeline is not None else window
+        if window is not None and window != self.last_window:
+            self.last_window, self.window_telemetry = window, None
+        if key is not None:
+            self._accounted[key] = None
+            while len(self._accounted) > 256:
+                self._accounted.popitem(last=False)
+        self.last_phases = dict(phases)
+        if timeline is not None:
+            self.last_write_end = timeline.write_end()
+            self.last_write_spread = timeline.write_spread()
+        if window is not None:
+            late = phases.get("total", 0.0) > self.policy.deadline
+            step = key[1] if key is not None and key[0] == "step" else None
+            record = SaveRecord(
+                step if isinstance(step, int) else None, window[0], window[1],
+                tuple(sorted(phases.items())), "late" if late else "ok",
+            )  # fmt: skip
+            self.recent_saves.append(record)
+        if not live:
+            return
+        for phase, seconds in phases.items():
+            self.durations[phase].observe(seconds)
+        if phases.get("total", 0.0) > self.policy.deadline:
+            self.deadline_misses += 1
+
+    # --- drain -------------------------------------------------------------------------------
+
+    def _update_drain(self) -> None:
+        """Match the staging tier against the durable tier; count what changed while we ran."""
+        if not any(p.tier == STAGING for p in self.paths):
+            return
+        publics = [gen.public() for gen in self._gens.values()]
+        state = drain_state(
+            (g for g in publics if g.tier == STAGING), (g for g in publics if g.tier == DURABLE)
+        )
+        staged, drained = state.staged or {}, state.drained or {}
+        if self._staged_counted is None:
+            if {STAGING, DURABLE} <= self._scanned:  # history: what was already there
+                self._staged_counted = dict(staged)
+                self._drained_counted = set(drained)
+            self.drain = state
+            return
+        for gen_id, size in staged.items():
+            counted = self._staged_counted.get(gen_id, 0)
+            if size > counted:  # new, or grown since its final stat
+                self.staged_bytes += size - counted
+                self._staged_counted[gen_id] = size
+        for gen_id, size in drained.items():
+            if gen_id not in self._drained_counted:
+                self._drained_counted.add(gen_id)
+                self.drained_bytes += size
+        waiting_before = set(self.drain.staged or {}) - set(self.drain.drained or {})
+        for gen_id in waiting_before - set(staged):
+            if gen_id not in drained and gen_id not in self._drained_counted:
+                self.lost_generations += 1  # deleted from staging before reaching durable
+        self.drain = state
+
+    def set_window_telemetry(self, telemetry: WindowTelemetry) -> None:
+        self.window_telemetry = telemetry
+        self._touch()
+
+    # --- spool events ------------------------------------------------------------------------
+
+    def apply_events(self, events: Iterable[Event], now: float) -> None:
+        self.clocks.add(events, now)
+        self._settle(now)
+        self._touch()
+
+    def set_paths(self, paths: tuple[WatchedPath, ...]) -> None:
+        """How each tier is watched now (its mode, its filesystem), as the core decided."""
+        if paths != self.paths:
+            self.paths = paths
+            self._touch()
+
+    def _touch(self) -> None:
+        """Something the published state shows changed: it is rebuilt under a new version."""
+        self.version += 1
+
+    def _settle(self, now: float) -> bool:
+        """Account the spool timelines that ended or expired; whether any did."""
+        settled = False
+        two_tier = any(p.tier == STAGING for p in self.paths)
+        expired = max(SAVE_TIMELINE_EXPIRY, 3 * self.policy.deadline)
+        for key, timeline in list(self.clocks.saves.items()):
+            if timeline.finished(now):
+                pending = two_tier and timeline.committed and timeline.durable_commit is None
+                if pending and now - timeline.first_seen <= expired:
+                    continue  # the ranks committed to staging; the deadline is durable
+                del self.clocks.saves[key]
+                settled = True
+                if timeline.committed:
+                    self._account(timeline.phases(), timeline.live, key, timeline)
+            elif now - timeline.first_seen > expired:
+                del self.clocks.saves[key]  # some rank never reported: fall back to the disk
+                settled = True
+                if timeline.disk_total is not None:
+                    self._account({"total": timeline.disk_total}, timeline.live, key, timeline)
+        for key, run in list(self.clocks.restores.items()):
+            if run.finished:
+                del self.clocks.restores[key]
+                settled = True
+                self._restored(run)
+            elif now - run.first_seen > RESTORE_EXPIRY:
+                del self.clocks.restores[key]
+                settled = True
+                run.errors.append("no result reported")
+                if run.live:
+                    self.restores += 1
+                    self.restore_failures += 1
+        return settled
+
+    def _restored(self, run: RestoreRun) -> None:
+        self.restore_last_duration = run.duration()
+        ended = max(
+            (e.get("restore_done", e.get("restore_failed", 0.0)) for e in run.ranks.values()),
+            default=0.0,
+        )
+        reason = run.errors[-1] if run.errors else ""
+        self.recent_restores.append(RestoreRecord(ended, run.succeeded, run.duration(), reason))
+        if run.succeeded:
+            self.restore_last_success = max(self.restore_last_success or 0.0, run.done_at())
+        if run.live:
+            self.restores += 1
+            self.restore_failures += 0 if run.succeeded else 1
+
+    def _stalled(self, gen: _Gen, now: float) -> bool:
+        limit = self._stall_limit(gen)
+        return limit is not None and now - gen.progress_at > limit
+
+    def _stall_limit(self, gen: _Gen) -> float | None:
+        """Seconds without progress after which a save in progress is aborted; None: not now."""
+        if gen.found.settles:
+            # Judged by its checks once still; a verdict under way is waited for (so is one
+            # whose checks could not run: not judged is not aborted), and one that found it
+            # incomplete stands only once the deadline passed without progress.
+            if gen.pending == gen.signature or gen.retry_at:
+                return None
+            return max(self.policy.deadline, self.policy.settle)
+        return self.policy.deadline
+
+    def _abort(self, gen: _Gen, reason: str | None = None) -> None:
+        gen.state, gen.last_commit = ABORTED, None
+        if gen.history:
+            return  # found so at start-up: the gauges say so, no counter grows from history
+        found = gen.found
+        log.warning(
+            "save aborted: job=%s tier=%s generation=%s step=%s reason=%s",
+            self.name, gen.tier, found.id, found.step, reason or "aborted by the writer",
+        )  # fmt: skip
+        if self._counts(gen):
+            self.saves_aborted += 1
+            found = gen.found
+            self.recent_saves.append(
+                SaveRecord(found.step, gen.start_time, found.last_write_time, (), "aborted")
+            )
+
+    # --- validation ------------------------------------------------------------------------
+
+    def _settled(self, gen: _Gen, now: float) -> bool:
+        """A generation without a commit marker, unchanged for the settle period, unjudged."""
+        return (
+            gen.state == WRITING
+            and gen.found.settles
+            and gen.still(now, self.policy.settle)
+            and gen.validated != gen.signature
+        )
+
+    def _needs_validation(self, gen: _Gen, now: float) -> bool:
+        if not gen.found.checks or gen.pending == gen.signature or now < gen.retry_at:
+            return False
+        if gen.state == COMMITTED:
+            return gen.validated != gen.signature
+        return self._settled(gen, now)
+
+    def submitted(self, request: ValidationRequest) -> None:
+        """The request is on its way: don't ask again for the same signature."""
+        gen = self._gens.get((request.tier, request.generation))
+        if gen is not None:
+            gen.pending = request.signature
+
+    def apply_verdict(self, request: ValidationRequest, verdict: Verdict) -> None:
+        self._touch()
+        gen = self._gens.get((request.tier, request.generation))
+        if gen is None or gen.signature != request.signature:
+            return  # gone, or changed since: a fresh request is already on its way
+        if gen.state == WRITING and gen.found.settles:
+            self._judged(gen, verdict)
+            return
+        self._verdict(gen, verdict)
+
+    def _judged(self, gen: _Gen, verdict: Verdict) -> None:
+        """A generation without a commit marker, still for the settle period, was checked: whole
+        means committed (when its last write ended); incomplete stays a save in progress until
+        the deadline passes without progress (a writer may pause between two chunks)."""
+        gen.validated, gen.pending, gen.retry_at = gen.signature, None, 0.0
+        if verdict.step is not None:
+            gen.step_inside = verdict.step
+        if not verdict.valid:
+            gen.invalid_reason = verdict.reason
+            return
+        if gen.history:
+            gen.state = COMMITTED  # history: gauges only
+        else:
+            self._commit(gen)
+        gen.valid, gen.invalid_reason, gen.last_commit = True, None, None
+        self._writing = any(g.state == WRITING for g in self._gens.values())
+
+    def retry_validation(self, request: ValidationRequest, not_before: float = 0.0) -> None:
+        """No verdict: the generation moved while it was read (ask again on the next scan), or
+        its checks could not run (ask again at ``not_before``)."""
+        gen = self._gens.get((request.tier, request.generation))
+        if gen is not None and gen.pending == request.signature:
+            gen.pending, gen.retry_at = None, not_before
+            if not_before:
+                self._next_retry = min(self._next_retry or not_before, not_before)
+
+    def validation_retry_due(self, now: float) -> bool:
+        """A generation left unchecked is due to be asked again (the scanner rescans it)."""
+        if self._next_retry is None or now < self._next_retry:
+            return False
+        self._next_retry = None
+        return True
+
+    def _verdict(self, gen: _Gen, verdict: Verdict) -> None:
+        first_verdict_of_history = gen.history and gen.validated is None
+        gen.valid, gen.invalid_reason = verdict.valid, verdict.reason
+        gen.validated, gen.pending, gen.retry_at = gen.signature, None, 0.0
+        if verdict.step is not None:
+            gen.step_inside = verdict.step
+        if not verdict.valid and verdict.reason and not first_verdict_of_history:
+            self.validation_failures[verdict.reason] += 1
+
+    # --- views -----------------------------------------------------------------------------
+
+    def hot_directories(self, tier: str) -> list[str]:
+        """Generations being written on ``tier``: their files are re-statted while hot."""
+        return [
+            _listing_path(gen.found.id)
+            for (t, _), gen in self._gens.items()
+            if t == tier and gen.state == WRITING
+        ]
+
+    def has_saves_in_progress(self) -> bool:
+        return self._writing
+
+    def state(self) -> JobState:
+        if self._cached is None or self._cached.version != self.version:
+            self._cached = self._build_state()
+        return self._cached
+
+    def _build_state(self) -> JobState:
+        state = self._job_state()
+        newest = newest_committed(state)
+        if newest is None:
+            return state
+        if newest.valid is not None:
+            self._last_verdict = newest.valid
+        # While the newest is validated, its predecessor's verdict stands until its own is known.
+        return replace(state, last_committed_valid=self._last_verdict)
+
+    def _job_state(self) -> JobState:
+        return JobState(
+            name=self.name,
+            layout=self.layout,
+            paths=self.paths,
+            interval_seconds=self.policy.interval,
+            deadline_seconds=self.policy.deadline,
+            retained_generations_limit=self.policy.retained_generations,
+            restore_drill_max_age_seconds=self.policy.restore_drill_max_age,
+            generations=tuple(
+                view
+                for gen in self._gens.values()
+                for view in (gen.public(), gen.last_commit)
+                if view is not None
+            ),
+            saves_committed=self.saves_committed,
+            saves_aborted=self.saves_aborted,
+            deadline_misses=self.deadline_misses,
+            validation_failures=tuple(sorted(self.validation_failures.items())),
+            # An uninstrumented job has only the disk's total: its empty phases stay unexported.
+            save_duration=tuple(
+                (phase, self.durations[phase].state())
+                for phase in PHASES
+                if phase == "total" or self.durations[phase].count
+            ),
+            last_phases=tuple(sorted(self.last_phases.items())),
+            last_write_end=self.last_write_end,
+            last_write_spread=self.last_write_spread,
+            restores=self.restores,
+            restore_failures=self.restore_failures,
+            restore_last_success=self.restore_last_success,
+            restore_last_duration=self.restore_last_duration,
+            window=self.window_telemetry,
+            drain_backlog_bytes=self.drain.backlog_bytes,
+            drain_backlog_generations=self.drain.backlog_generations,
+            oldest_undrained_commit=self.drain.oldest_undrained_commit,
+            staged_bytes=self.staged_bytes,
+            drained_bytes=self.drained_bytes,
+            lost_generations=self.lost_generations,
+            recent_saves=tuple(self.recent_saves),
+            recent_restores=tuple(self.recent_restores),
+            storage_clock_skew=self.storage_clock_skew,
+            version=self.version,
+        )
+
+
+def _listing_path(gen_id: str) -> str:
+    """A generation's id as a path in the tier's listing (the root itself is "" there)."""
+    return "" if gen_id == "." else gen_id
+
+
+def _behind(gen_id: str, unreadable: Collection[str]) -> bool:
+    """Is a generation at, below or above a path the scan could not read?"""
+    return any(
+        not path or path == gen_id or gen_id.startswith(path + "/") or path.startswith(gen_id + "/")
+        for path in unreadable
+    )
+
+
+def first_read_failed(tier: str, scanned: Collection[str], unreadable: Collection[str]) -> bool:
+    """The tier was never read and its root cannot be: nothing to keep, nothing to learn."""
+    return tier not in scanned and "" in unreadable
+
+
+def job_paths(job: JobConfig) -> tuple[WatchedPath, ...]:
+    paths = [WatchedPath(DURABLE, str(job.path))]
+    if job.staging is not None:
+        paths.append(WatchedPath(STAGING, str(job.staging)))
+    return tuple(paths)
+
+
+class Tracker:
+    """Every job's tracker, and the published snapshot."""
+
+    def __init__(self, config: Config):
+        self.jobs: dict[str, JobTracker] = {
+            job.name: JobTracker(job.name, job_paths(job), job.policy) for job in config.jobs
+        }
+        self.snapshot = Snapshot(taken_at=time.time(), daemon=DaemonState())
+        self._published: dict[str, JobState] = {}  # in the order of ``jobs``
+
+    def add(self, job: JobTracker) -> None:
+        self.jobs[job.name] = job
+
+    def forget(self, name: str) -> None:
+        self.jobs.pop(name, None)
+
+    def publish(
+        self,
+        daemon: DaemonState | None = None,
+        filesystems: tuple[FilesystemState, ...] | None = None,
+        telemetry: tuple[tuple[str, bool], ...] | None = None,
+        changed: Collection[str] | None = None,
+        held: Collection[str] = (),
+    ) -> Snapshot:
+        """Swap in a new snapshot, or keep the current one when nothing changed (so a scrape
+        can reuse what it rendered for it).
+
+        ``changed``: the jobs added, removed or touched since the last publish (None: look at
+        every job), so a publish costs what changed. ``held``: jobs whose published state stays
+        as it was for now (their files are being read once more after a commit)."""
+        current = self.snapshot
+        daemon = daemon if daemon is not None else current.daemon
+        filesystems = filesystems if filesystems is not None else current.filesystems
+        telemetry = telemetry if telemetry is not None else current.telemetry
+        moved = added = False
+        if changed is None:
+            for name in [n for n in self._published if n not in self.jobs]:
+                del self._published[name]
+                moved = True
+        for name in self.jobs if changed is None else changed:
+            job = self.jobs.get(name)
+            if job is None:
+                moved = self._published.pop(name, None) is not None or moved
+                continue
+            if name in held and name in self._published:
+                continue
+            state = job.state()
+            if self._published.get(name) is not state:
+                added = added or name not in self._published
+                self._published[name] = state
+                moved = True
+        if added:  # kept in the order of ``jobs``
+            self._published = {n: self._published[n] for n in self.jobs if n in self._published}
+        if moved or (daemon, filesystems, telemetry) != (
+            current.daemon,
+            current.filesystems,
+            current.telemetry,
+        ):
+            jobs = tuple(self._published.values()) if moved else current.jobs
+            self.snapshot = Snapshot(time.time(), jobs, daemon, filesystems, telemetry)
+        return self.snapshot

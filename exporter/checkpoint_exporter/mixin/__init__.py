@@ -1,0 +1,1 @@
+"""Mixin: alert and recording rules and dashboards, generated from one config."""

@@ -1,0 +1,297 @@
+"""Alerts and recording rules, generated from the mixin config.
+
+Every threshold is one of the objectives the exporters export per job (interval, deadline,
+retention limit, restore drill age), so one rule fits every job. Several nodes that watch one
+shared filesystem export the same job: recording rules reduce them with ``max by
+(training_job)``; what differs per node (straggler write ends, local drain) keeps its instance.
+
+Series that stop moving because an exporter cannot see a job (a hung mount) hold their last
+values: the alerts on the age of a timestamp would then fire on a job that may be saving fine, so
+they hold back while the job's view is stale, and CheckpointDataStale pages instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from checkpoint_exporter.mixin.config import ALERTS, MixinConfig
+from checkpoint_exporter.units import parse_duration
+
+# Recording rules: level:metric:operation.
+LAST_COMMITTED = "training_job:checkpoint_last_committed_timestamp_seconds:max"
+INTERVAL = "training_job:checkpoint_interval_seconds:max"
+DEADLINE = "training_job:checkpoint_deadline_seconds:max"
+RETAINED = "training_job:checkpoint_retained_generations:max"
+RETAINED_LIMIT = "training_job:checkpoint_retained_generations_limit:max"
+VALID_GENERATIONS = "training_job:checkpoint_retained_valid_generations:max"
+WRITE_END_SPREAD = "training_job:checkpoint_last_save_local_write_end_timestamp_seconds:spread"
+ARRIVAL = "instance:checkpoint_staged_bytes:rate30m"
+DRAIN = "instance:checkpoint_drained_bytes:rate30m"
+GENERATIONS_THAT_FIT = "training_job:checkpoint_generations_that_fit:count"
+PEAK_FOOTPRINT = "mountpoint:checkpoint_peak_footprint:ratio"
+AVAIL_PREDICTED = "mountpoint:checkpoint_filesystem_avail_bytes:predict_linear24h"
+# The freshest view any exporter has of a job's tier (shared scanners run in pairs).
+LAST_SCAN_SUCCESS = "training_job_tier:checkpoint_exporter_last_scan_success_timestamp_seconds:max"
+SLO_WINDOWS = ("2h", "6h", "1d", "3d")
+
+
+def slo_errors(window: str) -> str:
+    return f"training_job:checkpoint_deadline_slo_errors:ratio_rate{window}"
+
+
+def _recording(c: MixinConfig) -> list[dict[str, str]]:
+    s = "{" + c.selector + "}"
+    cl = c.cluster_label
+    dedupe = {
+        LAST_COMMITTED: "checkpoint_last_committed_timestamp_seconds",
+        INTERVAL: "checkpoint_interval_seconds",
+        DEADLINE: "checkpoint_deadline_seconds",
+        RETAINED: "checkpoint_retained_generations",
+        RETAINED_LIMIT: "checkpoint_retained_generations_limit",
+        VALID_GENERATIONS: "checkpoint_retained_valid_generations",
+    }
+    rules = [
+        {"record": name, "expr": f"max by ({cl}, training_job) ({metric}{s})"}
+        for name, metric in dedupe.items()
+    ]
+    write_end = f"checkpoint_last_save_local_write_end_timestamp_seconds{s}"
+    rules += [
+        {"record": WRITE_END_SPREAD,
+         "expr": f"max by ({cl}, training_job) ({write_end}) - min by ({cl}, training_job) ({write_end})"},
+        {"record": ARRIVAL, "expr": f"rate(checkpoint_staged_bytes_total{s}[30m])"},
+        {"record": DRAIN, "expr": f"rate(checkpoint_drained_bytes_total{s}[30m])"},
+        {"record": GENERATIONS_THAT_FIT, "expr": f"""floor(
+  max by ({cl}, training_job) (
+    (
+      checkpoint_filesystem_avail_bytes{s}
+      - checkpoint_filesystem_reserve_ratio{s} * checkpoint_filesystem_size_bytes{s}
+    )
+    * on ({cl}, instance, mountpoint) group_right
+      checkpoint_job_filesystem_info{{{c.selector},tier="durable"}}
+  )
+  / on ({cl}, training_job)
+  max by ({cl}, training_job) (checkpoint_last_committed_size_bytes{s})
+)"""},
+        {"record": PEAK_FOOTPRINT, "expr": f"""sum by ({cl}, instance, mountpoint) (
+  (checkpoint_retained_generations_limit{s} + 1) * checkpoint_last_committed_size_bytes{s}
+  * on ({cl}, instance, training_job) group_left (mountpoint)
+    checkpoint_job_filesystem_info{{{c.selector},tier="durable"}}
+)
+/ on ({cl}, instance, mountpoint)
+max by ({cl}, instance, mountpoint) (
+  checkpoint_filesystem_size_bytes{s} * (1 - checkpoint_filesystem_reserve_ratio{s})
+)"""},
+        {"record": AVAIL_PREDICTED,
+         "expr": f"predict_linear(checkpoint_filesystem_avail_bytes{s}[6h], 86400)"},
+        # 0 before the tier's first pass: CheckpointExporterNotReady covers that time.
+        {"record": LAST_SCAN_SUCCESS,
+         "expr": f"max by ({cl}, training_job, tier) (checkpoint_exporter_last_scan_success_timestamp_seconds{s} > 0)"},
+    ]  # fmt: skip
+    for window in SLO_WINDOWS:
+        # The deadline's own bucket: checkpoint_deadline_bucket_info names its `le`.
+        within = f"""max by ({cl}, training_job) (
+    rate(checkpoint_save_duration_seconds_bucket{{{c.selector},phase="total"}}[{window}])
+    * on ({cl}, instance, training_job, le)
+      label_replace(checkpoint_deadline_bucket_info{s}, "le", "$1", "bucket", "(.*)")
+  )"""
+        total = f"""max by ({cl}, training_job) (
+    rate(checkpoint_save_duration_seconds_count{{{c.selector},phase="total"}}[{window}])
+  )"""
+        rules.append(
+            {"record": slo_errors(window), "expr": f"1 - (\n  {within}\n  /\n  {total}\n)"}
+        )
+    return rules
+
+
+def stale_views(c: MixinConfig, tier: str | None = None) -> str:
+    """The job tiers (one ``tier``, or any) whose freshest view is older than ``stale_after``."""
+    selector = f'{{tier="{tier}"}}' if tier else ""
+    return f"time() - {LAST_SCAN_SUCCESS}{selector} > {parse_duration(c.stale_after):g}"
+
+
+def _alert_exprs(c: MixinConfig) -> dict[str, str]:
+    s = "{" + c.selector + "}"
+    cl = c.cluster_label
+    w = c.event_window
+    budget = 1 - c.slo_target
+    write_end = f"checkpoint_last_save_local_write_end_timestamp_seconds{s}"
+    # The ages below grow by themselves once a job's series stop moving.
+    unless_stale = f"unless on ({cl}, training_job)\n  ({stale_views(c)})"
+    return {
+        "CheckpointTooOld": (
+            f"(time() - {LAST_COMMITTED}\n> {INTERVAL} + {DEADLINE})\n"
+            f"unless on ({cl}, training_job)\n  ({stale_views(c, 'durable')})"
+        ),
+        "CheckpointDeadlineMissed": f"max by ({cl}, training_job) (increase(checkpoint_deadline_misses_total{s}[{w}])) > 0",
+        "CheckpointSaveHung": (
+            f"(time() - max by ({cl}, training_job) (checkpoint_oldest_save_in_progress_start_timestamp_seconds{s} > 0)\n"
+            f"> 2 * {DEADLINE})\n{unless_stale}"
+        ),
+        "CheckpointSavesPilingUp": f"max by ({cl}, training_job) (checkpoint_saves_in_progress{s}) > 1",
+        "CheckpointSaveAborted": f"max by ({cl}, training_job) (increase(checkpoint_saves_aborted_total{s}[{w}])) > 0",
+        "CheckpointInvalid": f"min by ({cl}, training_job) (checkpoint_last_committed_valid{s}) == 0",
+        "CheckpointRestoreFailed": f"max by ({cl}, training_job) (increase(checkpoint_restore_failures_total{s}[{w}])) > 0",
+        "CheckpointRestoreDrillOverdue": (
+            f"time() - max by ({cl}, training_job) (checkpoint_restore_last_success_timestamp_seconds{s})\n"
+            f"> max by ({cl}, training_job) (checkpoint_restore_drill_max_age_seconds{s})\n"
+            f"or\nmax by ({cl}, training_job) (checkpoint_restore_drill_max_age_seconds{s})\n"
+            f"unless on ({cl}, training_job) checkpoint_restore_last_success_timestamp_seconds{s}"
+        ),
+        "CheckpointDrainFallingBehind": (
+            f"{ARRIVAL} > {c.drain_margin} * {DRAIN}\nand checkpoint_drain_backlog_bytes{s} > 0"
+        ),
+        "CheckpointDrainStalled": (
+            f"(time() - (checkpoint_oldest_undrained_commit_timestamp_seconds{s} > 0)\n"
+            f"> checkpoint_interval_seconds{s} + checkpoint_deadline_seconds{s})\n{unless_stale}"
+        ),
+        "CheckpointCapacityLow": f"{GENERATIONS_THAT_FIT} < 1",
+        "CheckpointCapacityFillingUp": (
+            f"{AVAIL_PREDICTED}\n< checkpoint_filesystem_reserve_ratio{s} * checkpoint_filesystem_size_bytes{s}\n"
+            f"and checkpoint_filesystem_avail_bytes{s}\n> checkpoint_filesystem_reserve_ratio{s} * checkpoint_filesystem_size_bytes{s}"
+        ),
+        "CheckpointStragglerNode": (
+            f"{write_end}\n- on ({cl}, training_job) group_left min by ({cl}, training_job) ({write_end})\n"
+            f"> on ({cl}, training_job) group_left {c.straggler_fraction} * {DEADLINE}"
+        ),
+        "CheckpointExporterDown": f"up{s} == 0\nor\nabsent(up{s})",
+        "CheckpointCollectorFailing": (
+            f"checkpoint_exporter_scrape_collector_success{s} == 0\n"
+            f"and on ({cl}, instance, collector) max_over_time(checkpoint_exporter_scrape_collector_success{s}[1d]) == 1"
+        ),
+        "CheckpointDeadlineBudgetBurn": (
+            f"({slo_errors('1d')} > {3 * budget:g} and {slo_errors('2h')} > {3 * budget:g})\n"
+            f"or\n({slo_errors('3d')} > {budget:g} and {slo_errors('6h')} > {budget:g})"
+        ),
+        "CheckpointRetentionExceeded": f"{RETAINED} > {RETAINED_LIMIT}",
+        "CheckpointNoRecoverableGeneration": (
+            f"{VALID_GENERATIONS} == 0\nand max_over_time({VALID_GENERATIONS}[1d]) > 0"
+        ),
+        "CheckpointStorageClockSkew": (
+            f"max by ({cl}, instance, training_job) (abs(checkpoint_storage_clock_skew_seconds{s})) > 60"
+        ),
+        "CheckpointDataStale": stale_views(c),
+        "CheckpointMountStuck": (
+            f"max by ({cl}, instance, mountpoint) (\n"
+            f"  checkpoint_exporter_mount_stuck{s} == 1 or checkpoint_filesystem_device_error{s} == 1\n)"
+        ),
+        # As PrometheusBadConfig: max_over_time rides out a missed scrape.
+        "CheckpointExporterBadConfig": (
+            f"max_over_time(checkpoint_exporter_config_last_reload_successful{s}[5m]) == 0"
+        ),
+        "CheckpointExporterNotReady": f"checkpoint_exporter_ready{s} == 0",
+    }  # fmt: skip
+
+
+_DESCRIPTIONS = {
+    "CheckpointTooOld": "{{ $labels.training_job }}: the newest committed checkpoint is {{ $value | humanizeDuration }} old, more than its interval plus deadline.",
+    "CheckpointDeadlineMissed": "{{ $labels.training_job }}: {{ $value | humanize }} save(s) took longer than the deadline in the last {window}.",
+    "CheckpointSaveHung": "{{ $labels.training_job }}: a save started {{ $value | humanizeDuration }} ago and has not committed.",
+    "CheckpointSavesPilingUp": "{{ $labels.training_job }}: {{ $value }} saves are in progress at once.",
+    "CheckpointSaveAborted": "{{ $labels.training_job }}: {{ $value | humanize }} save(s) were abandoned in the last {window}.",
+    "CheckpointInvalid": "{{ $labels.training_job }}: the newest committed checkpoint failed validation (missing or truncated shard, bad zip, bad metadata or checksum).",
+    "CheckpointRestoreFailed": "{{ $labels.training_job }}: {{ $value | humanize }} restore(s) failed in the last {window}.",
+    "CheckpointRestoreDrillOverdue": "{{ $labels.training_job }}: no successful restore for longer than its restore_drill_max_age ({{ $value | humanizeDuration }}).",
+    "CheckpointDrainFallingBehind": "{{ $labels.training_job }} on {{ $labels.instance }}: staging receives {{ $value | humanize1024 }}B/s, more than drains to durable storage.",
+    "CheckpointDrainStalled": "{{ $labels.training_job }} on {{ $labels.instance }}: a staged generation has waited {{ $value | humanizeDuration }} for durable storage.",
+    "CheckpointCapacityLow": "{{ $labels.training_job }}: {{ $value }} more generations fit in the usable free space.",
+    "CheckpointCapacityFillingUp": "{{ $labels.mountpoint }} on {{ $labels.instance }} will have {{ $value | humanize1024 }}B available in 24 h, below its reserve.",
+    "CheckpointStragglerNode": "{{ $labels.training_job }}: {{ $labels.instance }} finished writing {{ $value | humanizeDuration }} after the first node.",
+    "CheckpointExporterDown": "checkpoint-exporter {{ $labels.instance }} is down or not scraped.",
+    "CheckpointCollectorFailing": "checkpoint-exporter {{ $labels.instance }}: collector {{ $labels.collector }} is failing.",
+    "CheckpointDeadlineBudgetBurn": "{{ $labels.training_job }}: {{ $value | humanizePercentage }} of saves miss the deadline, against an SLO of {target}.",
+    "CheckpointRetentionExceeded": "{{ $labels.training_job }}: {{ $value }} generations are retained, more than its limit.",
+    "CheckpointNoRecoverableGeneration": "{{ $labels.training_job }}: no committed checkpoint that passes validation is left to restore from.",
+    "CheckpointStorageClockSkew": "{{ $labels.training_job }} on {{ $labels.instance }}: file times are {{ $value | humanizeDuration }} off this node's clock; ages, and time windows from disk alone, are off by as much.",
+    "CheckpointDataStale": "{{ $labels.training_job }} ({{ $labels.tier }} tier): no exporter has confirmed its view for {{ $value | humanizeDuration }}; its other checkpoint alerts cannot be trusted, and the age-based ones hold back until it is fresh again.",
+    "CheckpointMountStuck": "{{ $labels.mountpoint }} on {{ $labels.instance }}: a scan, validation read or statvfs has not answered within its budget (or statvfs fails); the jobs on it are not updated.",
+    "CheckpointExporterBadConfig": "checkpoint-exporter {{ $labels.instance }}: the last configuration reload failed; it runs the previous configuration, and a restart would fail.",
+    "CheckpointExporterNotReady": "checkpoint-exporter {{ $labels.instance }} has not finished the first pass of every watched tier (checkpoint_exporter_first_scan_done names them); the jobs not passed yet export nothing to alert on.",
+}  # fmt: skip
+
+
+def _alerts(c: MixinConfig) -> list[dict[str, Any]]:
+    exprs = _alert_exprs(c)
+    rules = []
+    for name, (_, _, summary) in ALERTS.items():
+        description = (
+            _DESCRIPTIONS[name]
+            .replace("{window}", c.event_window)
+            .replace("{target}", f"{c.slo_target:.2%}")
+        )
+        rules.append(
+            {
+                "alert": name,
+                "expr": exprs[name],
+                "for": c.for_of(name),
+                "labels": {"severity": c.severity_of(name)},
+                "annotations": {
+                    "summary": summary,
+                    "description": description,
+                    "runbook_url": c.runbook(name),
+                },
+            }
+        )
+    return rules
+
+
+def rule_groups(config: MixinConfig | None = None) -> dict[str, Any]:
+    """The Prometheus rule file: recording rules, then alerts."""
+    c = config or MixinConfig()
+    return {
+        "groups": [
+            {"name": "checkpoint-exporter.rules", "rules": _recording(c)},
+            {"name": "checkpoint-exporter.alerts", "rules": _alerts(c)},
+        ]
+    }
+
+
+def prometheus_rule(config: MixinConfig | None = None) -> dict[str, Any]:
+    """The same groups as a prometheus-operator PrometheusRule."""
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PrometheusRule",
+        "metadata": {
+            "name": "checkpoint-exporter",
+            "labels": {
+                "app.kubernetes.io/name": "checkpoint-exporter",
+                "app.kubernetes.io/component": "alerting",
+                # Prometheus.spec.ruleSelector picks nothing by default; match this label there.
+                "prometheus": "k8s",
+                "role": "alert-rules",
+            },
+        },
+        "spec": rule_groups(config),
+    }
+
+
+class _Literal(str):
+    """Multi-line expressions as YAML block scalars, readable in review."""
+
+
+def _literal(dumper: yaml.SafeDumper, value: _Literal) -> yaml.Node:
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|")
+
+
+class _Dumper(yaml.SafeDumper):
+    pass
+
+
+_Dumper.add_representer(_Literal, _literal)
+
+
+def to_yaml(document: dict[str, Any]) -> str:
+    def mark(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: mark(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [mark(v) for v in value]
+        if isinstance(value, str) and "\n" in value:
+            return _Literal(value.rstrip("\n") + "\n")
+        return value
+
+    header = (
+        "# Generated by checkpoint-exporter (make generate); edit the generator, not this file.\n"
+    )
+    return header + yaml.dump(mark(document), Dumper=_Dumper, sort_keys=False, width=100)
