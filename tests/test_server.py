@@ -124,9 +124,12 @@ def test_exporter_metrics_flags_and_collector_flags(exporter, config: Path) -> N
     assert served.get("/metrics").status == 404
     # The old switch is still accepted (the contract never removes a flag): it does nothing but
     # say so, since the metrics it used to turn on are on by default.
-    old = exporter("--config.file", str(config), "--web.enable-exporter-metrics")
+    old = exporter(
+        "--config.file", str(config), "--web.enable-exporter-metrics", "--path.rootfs", "/host"
+    )
     assert "process_resident_memory_bytes" in old.metrics()
     assert any("--web.enable-exporter-metrics is deprecated" in line for line in old.log)
+    assert any("--path.rootfs is deprecated" in line for line in old.log)
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])

@@ -76,8 +76,15 @@ def _add_serve(parser: argparse.ArgumentParser) -> None:
         help="deprecated, does nothing: the exporter's own metrics are on by default",
     )
     paths = parser.add_argument_group("paths")
-    for name in ("procfs", "sysfs", "rootfs"):
+    for name in ("procfs", "sysfs"):
         paths.add_argument(f"--path.{name}", dest=name, metavar="DIR", help=f"{name} mount point")
+    paths.add_argument(
+        "--path.rootfs",
+        dest="rootfs",
+        metavar="DIR",
+        help="deprecated, does nothing: only watched paths are statvfs'd, and the exporter "
+        "already sees them in its own mount namespace",
+    )
     collectors = parser.add_argument_group("collectors")
     for name, entry in sorted(REGISTRY.items()):
         default = "enabled" if entry.enabled_by_default else "disabled"
@@ -286,6 +293,11 @@ def _serve(args: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"checkpoint-exporter: {error}", file=sys.stderr)
         return EXIT_USAGE
+    if args.rootfs:
+        log.warning(
+            "--path.rootfs is deprecated and does nothing: the exporter statvfs's only the paths "
+            "it watches, which it sees in its own mount namespace"
+        )
     if args.enable_exporter_metrics_deprecated:
         log.warning(
             "--web.enable-exporter-metrics is deprecated and does nothing: the exporter's own "

@@ -130,7 +130,7 @@ class WebConfig:
 class PathsConfig:
     procfs: Path = Path("/proc")
     sysfs: Path = Path("/sys")
-    rootfs: Path = Path("/")
+    rootfs: Path = Path("/")  # accepted from 0.1 configs and flags; nothing reads it
 
 
 @dataclass(frozen=True)

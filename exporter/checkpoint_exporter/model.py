@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 DURABLE = "durable"  # where committed generations must end up
 STAGING = "staging"  # a fast tier that must drain to the durable one
@@ -144,11 +145,19 @@ def newest_committed(job: JobState) -> Generation | None:
         for gen in job.generations
         if gen.tier == DURABLE and gen.state == COMMITTED and not gen.alias
     ]
-    return max(
-        committed,
-        key=lambda gen: (gen.commit_time or 0.0, -1 if gen.step is None else gen.step),
-        default=None,
-    )
+    return max(committed, key=restore_preference, default=None)
+
+
+class _Committed(Protocol):
+    commit_time: float | None
+    step: int | None
+
+
+def restore_preference(generation: _Committed) -> tuple[float, int]:
+    """The order a restore picks committed generations in, best last: the newest commit, then
+    the highest step. The gauges (``newest_committed``) and the restore drill both use it, so
+    the generation reported restorable is the one the drill restores."""
+    return (generation.commit_time or 0.0, -1 if generation.step is None else generation.step)
 
 
 @dataclass(frozen=True)

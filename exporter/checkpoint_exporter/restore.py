@@ -25,7 +25,7 @@ from typing import TextIO
 
 from checkpoint_exporter import instrument
 from checkpoint_exporter.config import Config
-from checkpoint_exporter.model import COMMITTED
+from checkpoint_exporter.model import COMMITTED, restore_preference
 from checkpoint_exporter.sources import layouts
 from checkpoint_exporter.sources.layouts.base import DCP, ZIP, Found, Options
 from checkpoint_exporter.sources.listing import OpsBudget, TreeReader
@@ -79,7 +79,7 @@ def pick(config: Config, job: str, generation: str | None) -> Target:
     committed = [f for f in found if f.state == COMMITTED and not f.alias]
     if not committed:
         raise DrillFailed(f"{root}: no committed generation to restore")
-    newest = max(committed, key=lambda f: (f.commit_time or 0.0, -1 if f.step is None else f.step))
+    newest = max(committed, key=restore_preference)
     return Target(job, root, layout, newest)
 
 

@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import checkpoint_exporter.sources.layouts.dcp as dcp_layout
 from checkpoint_exporter.sources import ckpt_step, dcp_metadata, fsread
-from checkpoint_exporter.sources.layouts import dcp as dcp_layout
 from checkpoint_exporter.sources.layouts.base import (
     DCP,
     INTEGRITY,

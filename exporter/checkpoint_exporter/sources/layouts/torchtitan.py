@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import re
 
-from checkpoint_exporter.sources.layouts import dcp
+import checkpoint_exporter.sources.layouts.dcp as dcp
 from checkpoint_exporter.sources.layouts.base import (
     COMMITTED,
     SAFETENSORS_INDEX,
