@@ -93,8 +93,8 @@ def test_each_spec_is_spelled_once_and_named_by_convention() -> None:
     table = metrics.reference_table()
     assert table.count("\n| `checkpoint_") == len(ALL_SPECS)
     assert (
-        "| `checkpoint_deadline_seconds` | gauge | `training_job` | `jobs` (exposition/collectors/jobs.py) |"
-        in table
+        "| `checkpoint_deadline_seconds` | gauge | `training_job` | "
+        "`jobs` (exposition/collectors/jobs.py) |" in table
     )
 
 
