@@ -86,13 +86,14 @@ READY = MetricSpec(
 FIRST_SCAN_DONE = MetricSpec(
     "checkpoint_exporter_first_scan_done",
     "gauge",
-    "1 once the tier's first full pass finished.",
+    "0 while the tier's first full pass runs; the series goes once the pass has finished "
+    "(so == 0 names the tiers still being read, and a thousand ready jobs add no lines).",
     _TIER,
 )
 FIRST_SCAN_ENTRIES = MetricSpec(
     "checkpoint_exporter_first_scan_entries",
     "gauge",
-    "Directory entries read so far by the tier's first full pass (its progress).",
+    "Directory entries read so far by the tier's first full pass (its progress), while it runs.",
     _TIER,
 )
 LAST_SCAN_SUCCESS = MetricSpec(
@@ -153,8 +154,9 @@ class DaemonCollector(SnapshotCollector):
         ]
         done, entries = FIRST_SCAN_DONE.family(), FIRST_SCAN_ENTRIES.family()
         for job, tier, finished, read in daemon.first_scans:
-            done.add_metric([job, tier], 1 if finished else 0)
-            entries.add_metric([job, tier], read)
+            if not finished:  # progress while it is made; afterwards only cost on every scrape
+                done.add_metric([job, tier], 0)
+                entries.add_metric([job, tier], read)
         success = LAST_SCAN_SUCCESS.family()
         for job, tier, when in daemon.scan_success:
             success.add_metric([job, tier], when)
