@@ -168,6 +168,29 @@ def test_a_two_tier_save_ends_at_its_durable_commit() -> None:
     assert tracker.state().recent_saves[-1].outcome == "late"
 
 
+def test_a_save_waiting_for_its_durable_commit_sets_no_timer_in_the_past() -> None:
+    """Committed to staging, not yet durable: the job is next due at the timeline's expiry (or
+    when the disk shows the commit), never again and again at a settle time long gone -- the
+    core would wake for it every 10 ms for as long as the drain takes."""
+    from checkpoint_exporter.model import STAGING
+
+    tracker = JobTracker(
+        "j", (WatchedPath(DURABLE, "/filer/j"), WatchedPath(STAGING, "/nvme/j")), Policy(deadline=5)
+    )
+    tracker.observe(DURABLE, [], T)
+    tracker.observe(STAGING, [], T)
+    feed(tracker, save(0, T, T + 1, T + 1, T + 2, T + 2), T + 2)
+    for now in (T + 30, T + 300):
+        tracker.tick(now)
+        due = tracker.next_due(now)
+        assert due is not None and due > now, (now, due)
+    tracker.observe(
+        DURABLE, [Found("step-10", 10, COMMITTED, T + 3, T + 400, T + 400, 10, 1)], T + 400
+    )
+    tracker.tick(T + 401)
+    assert hist(tracker, "total").sum == 400.0  # the drain ended it, as before
+
+
 # --- hostile events: bounded state, sane numbers ---------------------------------------------
 
 

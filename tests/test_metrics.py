@@ -317,3 +317,32 @@ def test_the_daemon_health_series() -> None:
     got = parse_samples(render(enabled_collectors({}), Snapshot(1.0, (), ready, filesystems)))
     assert got["checkpoint_exporter_ready"] == 1
     assert got["checkpoint_exporter_config_last_reload_successful"] == 1
+
+
+def test_a_job_added_again_is_never_served_its_predecessors_lines() -> None:
+    """A reload or discovery removes a job and adds it back changed: the new tracker's versions
+    must never meet the old one's, or the render cache serves the old job's lines."""
+    from checkpoint_exporter.config import Config, Policy
+    from checkpoint_exporter.core.tracker import JobTracker
+    from checkpoint_exporter.model import DURABLE, WatchedPath
+
+    watched = (WatchedPath(DURABLE, "/ckpt/a"),)
+    placed = (WatchedPath(DURABLE, "/ckpt/a", "inotify", "/ckpt"),)
+    tracker = Tracker(Config())
+    old = JobTracker("a", watched, Policy(deadline=60.0))
+    old.set_paths(placed)  # one change, as placing a tier makes
+    tracker.add(old)
+    tracker.publish()
+    renderer = Renderer(lambda: tracker.snapshot, enabled_collectors({}))
+    assert 'checkpoint_deadline_seconds{training_job="a"} 60.0' in renderer.render(
+        generate_latest
+    ).decode()
+    tracker.forget("a")
+    new = JobTracker("a", watched, Policy(deadline=90.0))
+    new.set_paths(placed)  # the same history of changes as its predecessor
+    tracker.add(new)
+    tracker.publish()
+    assert new.version != old.version
+    assert 'checkpoint_deadline_seconds{training_job="a"} 90.0' in renderer.render(
+        generate_latest
+    ).decode()

@@ -71,3 +71,17 @@ def test_a_reload_changing_a_job_takes_effect(tmp_path: Path, exporter) -> None:
     config.write_text(f"{spool}jobs: [{{name: a, path: {a}, deadline: 90s}}]\n")
     served.process.send_signal(signal.SIGHUP)
     wait_for(lambda: served.value("checkpoint_deadline_seconds", training_job="a") == 90)
+
+
+def test_a_reload_changing_a_discover_root_applies_to_its_jobs(tmp_path: Path, exporter) -> None:
+    """A discover root's policy changed by reload reaches the jobs already found under it."""
+    root = tmp_path / "root"
+    (root / "j1").mkdir(parents=True)
+    spool = f"spool: {tmp_path / 'spool'}\n"
+    config = write_config(tmp_path, f"{spool}discover: [{{root: {root}, interval: 15m}}]\n")
+    served = exporter("--config.file", str(config))
+    wait_for(lambda: served.value("checkpoint_interval_seconds", training_job="j1") == 900)
+    config.write_text(f"{spool}discover: [{{root: {root}, interval: 1m}}]\n")
+    served.process.send_signal(signal.SIGHUP)
+    wait_for(lambda: served.value("checkpoint_interval_seconds", training_job="j1") == 60)
+    assert served.value(RELOADED) == 1

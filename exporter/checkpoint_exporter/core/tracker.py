@@ -11,6 +11,7 @@ already committed or aborted is history and sets gauges only, so a restart never
 from __future__ import annotations
 
 import bisect
+import itertools
 import logging
 import time
 from collections import Counter, OrderedDict, deque
@@ -64,6 +65,7 @@ SAVE_TIMELINE_EXPIRY = 3600.0
 RESTORE_EXPIRY = 6 * 3600.0
 # ``next_due`` answers just past a deadline, since the deadlines compare strictly.
 TICK_MARGIN = 0.01
+_VERSIONS = itertools.count(1)  # every JobTracker's versions, process-wide (see _touch)
 
 
 class Histogram:
@@ -188,7 +190,7 @@ class JobTracker:
     _accounted: OrderedDict[SaveKey, None] = field(default_factory=OrderedDict)
     # Raised whenever anything the published state shows changes; the state is rebuilt (and
     # re-rendered) only when it moved, so an idle job costs nothing.
-    version: int = 0
+    version: int = field(default_factory=lambda: next(_VERSIONS))
     _cached: JobState | None = None
     _writing: bool = False
     # The newest committed generation's last known verdict: while a newer one is validated, the
@@ -423,8 +425,12 @@ class JobTracker:
                 if limit is not None:
                     due.append(gen.progress_at + limit + TICK_MARGIN)
         expired = max(SAVE_TIMELINE_EXPIRY, 3 * self.policy.deadline)
+        two_tier = any(p.tier == STAGING for p in self.paths)
         for timeline in self.clocks.saves.values():
-            if timeline.ended:
+            # Committed to staging and waiting for the durable commit (_settle keeps it): only
+            # the disk's commit or the expiry moves it, not the settle period over and over.
+            waiting = two_tier and timeline.committed and timeline.durable_commit is None
+            if timeline.ended and not waiting:
                 due.append(timeline.last_arrival + SETTLE_SECONDS + TICK_MARGIN)
             due.append(timeline.first_seen + expired + TICK_MARGIN)
         for run in self.clocks.restores.values():
@@ -566,8 +572,10 @@ class JobTracker:
             self._touch()
 
     def _touch(self) -> None:
-        """Something the published state shows changed: it is rebuilt under a new version."""
-        self.version += 1
+        """Something the published state shows changed: it is rebuilt under a new version. One
+        counter for the process, so a job removed and added again (a reload, discovery) never
+        shows a version its predecessor had: the renderer would serve the old job's lines."""
+        self.version = next(_VERSIONS)
 
     def _settle(self, now: float) -> bool:
         """Account the spool timelines that ended or expired; whether any did."""

@@ -17,7 +17,10 @@ Every read of a watched path runs on the worker of its filesystem (``daemon.work
 hung mount stalls only its own jobs: a task that makes no progress for ``STUCK_SECONDS`` marks
 the mount stuck (``DaemonState.mounts``), its jobs are not read again until the task returns,
 and every other job keeps its latency. Workers hand back values (a scan result per tier); only
-the core thread touches the trackers. Validation reads run on a validator per filesystem.
+the core thread touches the trackers. Validation reads run on a validator per filesystem, so
+a read hung on one mount holds up no other mount's checks; a hung validation read is not itself
+reported (a hang that stops data reads but not metadata, an object server down, leaves the
+generation unjudged and its mount unflagged).
 
 The port opens before the first pass: ``readiness`` says when every tier has been read once (or
 sits on a stuck mount), ``liveness`` fails only when this loop stops turning.
@@ -36,7 +39,7 @@ import stat
 import threading
 import time
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 from checkpoint_exporter.config import Config, DiscoverConfig, JobConfig, Policy
 from checkpoint_exporter.core.tracker import (
@@ -572,6 +575,12 @@ class Scanner:
         now = time.monotonic()
         tiers = [t for t in source.tiers if _contains(t.path, path)] or source.tiers
         for tier in tiers:
+            if path.rstrip("/") == tier.path.rstrip("/"):
+                # The root itself: a watch healed after the directory was removed or moved and
+                # made again. Nothing reported what was written meanwhile, and a tree put back
+                # with its old mtimes (cp -a, rsync -a) would pass a listing's checks: read all.
+                self._want_full_read(tier, now)
+                continue
             if len(tier.touched) < TOUCHED_PER_JOB:
                 tier.touched.add(path)
             self._timers.soon(tier.key, now + COALESCE_SECONDS)
@@ -696,7 +705,10 @@ class Scanner:
 
     def _placed(self, placed: _Placed) -> None:
         tier = placed.tier
+        self._unstick(tier.worker)  # its worker answered
         source = self._sources.get(tier.job)
+        if source is None and self.watcher is not None:
+            self.watcher.unwatch(tier.job)  # removed while placed: the watch it added goes too
         if source is None or tier not in source.tiers:
             return  # removed meanwhile
         tier.mode, tier.reason, tier.reader = placed.mode, placed.reason, placed.reader
@@ -739,6 +751,7 @@ class Scanner:
 
     def _listed(self, listed: _Listed) -> None:
         discovery = listed.discovery
+        self._unstick(self._lexical_mount(str(discovery.entry.root)))  # its worker answered
         discovery.listing = False
         if not discovery.listed:
             discovery.listed = True
@@ -904,6 +917,7 @@ class Scanner:
             return
         stalled = worker.stalled_for(now)
         if stalled == 0.0:
+            self._unstick(mountpoint)  # whatever it was stuck on has returned
             if any(t.pending and t.worker == mountpoint for t in self._all_tiers()):
                 self._timers.at(("stuck", mountpoint), now + STUCK_SECONDS)  # between two tasks
             return
@@ -1054,6 +1068,12 @@ class Scanner:
 
     def _apply_config(self, config: Config) -> None:
         """Jobs added, removed or changed take effect; an unchanged job keeps its state."""
+        not_applied = _restart_only_changes(self.config, config)
+        if not_applied:
+            log.warning("configuration reloaded without %s: changed there, applied at the next "
+                        "restart", ", ".join(not_applied))  # fmt: skip
+        # Mounts made since the start (autofs, a new NFS export) decide where new jobs live.
+        self._mounts = read_mounts(self.config.paths.procfs)
         wanted = {job.name: job for job in config.jobs}
         added, removed, changed = [], [], []
         for name, source in list(self._sources.items()):
@@ -1071,6 +1091,12 @@ class Scanner:
                 added.append(name)
             self._add(name, job_paths(job), job.policy, None, job)
         roots = {str(d.entry.root): d for d in self._discoveries}
+        # A root whose entry changed (its policy, max_jobs): its jobs are found again under it.
+        changed_roots = {
+            str(entry.root)
+            for entry in config.discover
+            if str(entry.root) in roots and roots[str(entry.root)].entry != entry
+        }
         self._discoveries = [
             d if d.entry == entry else _Discovery(entry)
             for entry in config.discover
@@ -1079,7 +1105,9 @@ class Scanner:
         kept_roots = {str(d.entry.root) for d in self._discoveries}
         for name, source in list(self._sources.items()):
             if source.discovered_from is not None and (
-                source.discovered_from not in kept_roots or name in wanted
+                source.discovered_from not in kept_roots
+                or source.discovered_from in changed_roots
+                or name in wanted
             ):
                 self._remove(name)
         now = time.monotonic()
@@ -1180,6 +1208,17 @@ class Scanner:
 
 
 # --- tasks that run on a filesystem's worker ------------------------------------------------------
+
+
+def _restart_only_changes(old: Config, new: Config) -> list[str]:
+    """The top-level config sections a reload changed but does not apply (all but the jobs and
+    the discover roots: the listener, the spool, scan budgets and telemetry are set up once)."""
+    return [
+        name
+        for name in (f.name for f in fields(Config))
+        if name not in ("jobs", "discover", "defaults", "source")
+        and getattr(old, name) != getattr(new, name)
+    ]
 
 
 def _read_tier(

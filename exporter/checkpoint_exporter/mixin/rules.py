@@ -205,7 +205,7 @@ _DESCRIPTIONS = {
     "CheckpointNoRecoverableGeneration": "{{ $labels.training_job }}: no committed checkpoint that passes validation is left to restore from.",
     "CheckpointStorageClockSkew": "{{ $labels.training_job }} on {{ $labels.instance }}: file times are {{ $value | humanizeDuration }} off this node's clock; ages, and time windows from disk alone, are off by as much.",
     "CheckpointDataStale": "{{ $labels.training_job }} ({{ $labels.tier }} tier): no exporter has confirmed its view for {{ $value | humanizeDuration }}; its other checkpoint alerts cannot be trusted, and the age-based ones hold back until it is fresh again.",
-    "CheckpointMountStuck": "{{ $labels.mountpoint }} on {{ $labels.instance }}: a scan, validation read or statvfs has not answered within its budget (or statvfs fails); the jobs on it are not updated.",
+    "CheckpointMountStuck": "{{ $labels.mountpoint }} on {{ $labels.instance }}: a scan or statvfs has not answered within its budget (or statvfs fails); the jobs on it are not updated.",
     "CheckpointExporterBadConfig": "checkpoint-exporter {{ $labels.instance }}: the last configuration reload failed; it runs the previous configuration, and a restart would fail.",
     "CheckpointExporterNotReady": "checkpoint-exporter {{ $labels.instance }} has not finished the first pass of every watched tier (checkpoint_exporter_first_scan_done names them); the jobs not passed yet export nothing to alert on.",
 }  # fmt: skip
