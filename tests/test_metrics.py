@@ -297,9 +297,7 @@ def test_the_daemon_health_series() -> None:
     assert got['checkpoint_exporter_mount_stuck{mountpoint="/mnt/nfs"}'] == 1
     assert got['checkpoint_exporter_mount_stuck{mountpoint="/local"}'] == 0
     assert (
-        got[
-            'checkpoint_exporter_last_scan_success_timestamp_seconds{tier="durable",training_job="a"}'
-        ]
+        got['checkpoint_exporter_last_scan_timestamp_seconds{tier="durable",training_job="a"}']
         == 1_800_000_000.5
     )
     assert got["checkpoint_exporter_config_last_reload_successful"] == 0
@@ -334,15 +332,17 @@ def test_a_job_added_again_is_never_served_its_predecessors_lines() -> None:
     tracker.add(old)
     tracker.publish()
     renderer = Renderer(lambda: tracker.snapshot, enabled_collectors({}))
-    assert 'checkpoint_deadline_seconds{training_job="a"} 60.0' in renderer.render(
-        generate_latest
-    ).decode()
+    assert (
+        'checkpoint_deadline_seconds{training_job="a"} 60.0'
+        in renderer.render(generate_latest).decode()
+    )
     tracker.forget("a")
     new = JobTracker("a", watched, Policy(deadline=90.0))
     new.set_paths(placed)  # the same history of changes as its predecessor
     tracker.add(new)
     tracker.publish()
     assert new.version != old.version
-    assert 'checkpoint_deadline_seconds{training_job="a"} 90.0' in renderer.render(
-        generate_latest
-    ).decode()
+    assert (
+        'checkpoint_deadline_seconds{training_job="a"} 90.0'
+        in renderer.render(generate_latest).decode()
+    )

@@ -68,7 +68,7 @@ def _hung_mount_stalls_only_its_own_jobs(
     print(f"MEASURE stuck reported after {time.monotonic() - hung_at:.1f} s")
     assert served.get("/healthz").status == 200
     assert served.get("/readyz").status == 200
-    confirmed = "checkpoint_exporter_last_scan_success_timestamp_seconds"
+    confirmed = "checkpoint_exporter_last_scan_timestamp_seconds"
     text = served.metrics()
     assert time.time() - sample(text, confirmed, training_job="stuck") > STUCK_SECONDS
     _commit(staging, healthy, 2)  # still updating while the other mount hangs

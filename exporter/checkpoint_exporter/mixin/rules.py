@@ -33,7 +33,7 @@ GENERATIONS_THAT_FIT = "training_job:checkpoint_generations_that_fit:count"
 PEAK_FOOTPRINT = "mountpoint:checkpoint_peak_footprint:ratio"
 AVAIL_PREDICTED = "mountpoint:checkpoint_filesystem_avail_bytes:predict_linear24h"
 # The freshest view any exporter has of a job's tier (shared scanners run in pairs).
-LAST_SCAN_SUCCESS = "training_job_tier:checkpoint_exporter_last_scan_success_timestamp_seconds:max"
+LAST_SCAN_SUCCESS = "training_job_tier:checkpoint_exporter_last_scan_timestamp_seconds:max"
 SLO_WINDOWS = ("2h", "6h", "1d", "3d")
 
 
@@ -87,7 +87,7 @@ max by ({cl}, instance, mountpoint) (
          "expr": f"predict_linear(checkpoint_filesystem_avail_bytes{s}[6h], 86400)"},
         # 0 before the tier's first pass: CheckpointExporterNotReady covers that time.
         {"record": LAST_SCAN_SUCCESS,
-         "expr": f"max by ({cl}, training_job, tier) (checkpoint_exporter_last_scan_success_timestamp_seconds{s} > 0)"},
+         "expr": f"max by ({cl}, training_job, tier) (checkpoint_exporter_last_scan_timestamp_seconds{s} > 0)"},
     ]  # fmt: skip
     for window in SLO_WINDOWS:
         # The deadline's own bucket: checkpoint_deadline_bucket_info names its `le`.

@@ -97,7 +97,7 @@ FIRST_SCAN_ENTRIES = MetricSpec(
     _TIER,
 )
 LAST_SCAN_SUCCESS = MetricSpec(
-    "checkpoint_exporter_last_scan_success_timestamp_seconds",
+    "checkpoint_exporter_last_scan_timestamp_seconds",
     "gauge",
     "When the tier's view was last confirmed current: a pass, or for a watched tier a probe of "
     "its mount. time() minus this is the age of the job's series.",
