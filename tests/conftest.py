@@ -86,9 +86,12 @@ class Exporter:
 
     def _pump(self) -> None:
         assert self.process.stderr is not None
-        for line in self.process.stderr:
-            self.log.append(line)
-            self.lines.put(line)
+        try:
+            for line in self.process.stderr:
+                self.log.append(line)
+                self.lines.put(line)
+        except ValueError:  # close() shut the stream under this reader: the process is gone
+            pass
         self.lines.put("")
 
     def drain_log(self) -> list[str]:

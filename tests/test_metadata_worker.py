@@ -4,11 +4,14 @@ bug) is never a verdict on a checkpoint; only the checkpoint's own faults are.""
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
+import select
 import shutil
 import struct
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
@@ -20,6 +23,7 @@ from checkpoint_exporter.model import COMMITTED
 from checkpoint_exporter.sources import dcp_metadata
 from checkpoint_exporter.sources.layouts.base import ZIP, Check, Found
 from checkpoint_exporter.sources.validate import Limits, Verdict
+from tests.conftest import wait_for
 from tests.helpers.trees import dcp_generation, dcp_metadata_bytes
 
 MiB = 1024 * 1024
@@ -154,3 +158,185 @@ def test_a_directory_below_the_generation_swapped_for_a_symlink_is_not_followed(
     (job / "iter_1" / "mp_rank_00").symlink_to(outside)
     check = Check(ZIP, "iter_1/mp_rank_00/model_optim_rng.pt")
     assert _verdict_for(_request(job, "iter_1", (check,)), job) is None
+
+
+# --- a worker stuck in the kernel ------------------------------------------------------------
+#
+# A read that a FUSE server has taken and never answers waits uninterruptibly: SIGKILL is not
+# acted on until the answer comes (fs/fuse/dev.c, request_wait_answer), like a read on a hard
+# NFS mount whose server went away mid-request. The server below answers what opening a file
+# needs and takes every read without answering; leaving the context aborts the connection, so
+# the stuck read fails and the worker dies.
+
+_FUSE_LOOKUP, _FUSE_GETATTR, _FUSE_OPEN, _FUSE_READ, _FUSE_INIT = 1, 3, 14, 15, 26
+_FUSE_INTERRUPT = 36
+_FOPEN_DIRECT_IO = 1  # reads go to the server, not through the page cache (whose waits are
+# killable)
+_IN_HEADER = struct.Struct("<IIQQIIIHH")
+_OUT_HEADER = struct.Struct("<IiQ")
+_FOREVER = 1 << 30  # seconds a lookup or attributes stay valid: asked once
+
+
+def _attr(node: int, mode: int, size: int) -> bytes:
+    # fuse_attr: ino size blocks atime mtime ctime, nsecs, mode nlink uid gid rdev blksize flags
+    return struct.pack("<6Q10I", node, size, 8, 0, 0, 0, 0, 0, 0, mode, 1, 0, 0, 0, 4096, 0)
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class ReadsNeverAnswered:
+    """A FUSE mount holding one file, ``stuck``, whose reads never return."""
+
+    def __init__(self, mountpoint: Path) -> None:
+        self.mountpoint = mountpoint
+        self.file = mountpoint / "stuck"
+        self.read_taken = threading.Event()
+        self._stopping = threading.Event()
+        self._fd = -1
+        self._thread = threading.Thread(target=self._serve, name="fuse server", daemon=True)
+
+    def __enter__(self) -> ReadsNeverAnswered:
+        if os.geteuid() != 0 or not os.path.exists("/dev/fuse"):
+            pytest.skip("a FUSE mount needs root and /dev/fuse")
+        self.mountpoint.mkdir()
+        self._fd = os.open("/dev/fuse", os.O_RDWR)
+        options = f"fd={self._fd},rootmode=40000,user_id=0,group_id=0".encode()
+        if _libc.mount(b"stuckfs", bytes(self.mountpoint), b"fuse", 0, options):
+            os.close(self._fd)
+            raise OSError(ctypes.get_errno(), f"mount fuse on {self.mountpoint}")
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stopping.set()
+        self._thread.join()
+        os.close(self._fd)  # the last reference: aborts the connection, stuck reads fail
+        _libc.umount2(bytes(self.mountpoint), 2)  # MNT_DETACH
+
+    def _serve(self) -> None:
+        poller = select.poll()
+        poller.register(self._fd, select.POLLIN)
+        while not self._stopping.is_set():
+            if not poller.poll(50):
+                continue
+            try:
+                request = os.read(self._fd, 1 << 17)
+            except OSError:
+                return  # the connection is gone
+            _, opcode, unique, node, *_ = _IN_HEADER.unpack_from(request)
+            body = request[_IN_HEADER.size :]
+            if opcode in (_FUSE_READ, _FUSE_INTERRUPT):
+                self.read_taken.set()  # taken, never answered
+                continue
+            self._answer(unique, *self._reply(opcode, node, body))
+
+    def _reply(self, opcode: int, node: int, body: bytes) -> tuple[int, bytes]:
+        """(error, payload) for a request."""
+        if opcode == _FUSE_INIT:  # protocol 7.31, nothing optional
+            return 0, struct.pack("<4I2H2I2H2IH11H", 7, 31, 0, 0, 0, 0, 4096, 1, *[0] * 16)
+        if opcode == _FUSE_LOOKUP and node == 1 and body.rstrip(b"\0") == b"stuck":
+            return 0, struct.pack("<4Q2I", 2, 0, _FOREVER, _FOREVER, 0, 0) + _attr(
+                2, 0o100444, 4096
+            )
+        if opcode == _FUSE_GETATTR and node in (1, 2):
+            mode = 0o40755 if node == 1 else 0o100444
+            return 0, struct.pack("<QII", _FOREVER, 0, 0) + _attr(node, mode, 4096)
+        if opcode == _FUSE_OPEN:
+            return 0, struct.pack("<QIi", 0, _FOPEN_DIRECT_IO, 0)
+        if opcode == _FUSE_LOOKUP:
+            return -errno.ENOENT, b""
+        return -errno.ENOSYS, b""
+
+    def _answer(self, unique: int, error: int, payload: bytes) -> None:
+        os.write(
+            self._fd, _OUT_HEADER.pack(_OUT_HEADER.size + len(payload), error, unique) + payload
+        )
+
+
+def _parse_in_thread(
+    parser: dcp_metadata.IsolatedParser, fd: int
+) -> tuple[threading.Thread, list[object]]:
+    """A parse on a thread of its own; its result or exception lands in the list."""
+    outcome: list[object] = []
+
+    def run() -> None:
+        try:
+            outcome.append(parser.parse(fd))
+        except Exception as error:
+            outcome.append(error)
+
+    thread = threading.Thread(target=run, name="parse", daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+def _exited(pid: int) -> bool:
+    """Whether a child has exited: a zombie, or reaped."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.root
+def test_close_returns_at_once_with_the_worker_stuck_in_an_unkillable_read(
+    tmp_path: Path,
+) -> None:
+    parser = dcp_metadata.IsolatedParser(timeout=60.0)
+    closing = threading.Thread(target=parser.close, name="close", daemon=True)
+    with ReadsNeverAnswered(tmp_path / "stuck") as server:
+        fd = os.open(server.file, os.O_RDONLY)
+        parsing, outcome = _parse_in_thread(parser, fd)
+        assert server.read_taken.wait(10)
+        assert parser._process is not None
+        worker = parser._process.pid
+        closing.start()
+        closing.join(timeout=1.0)  # the daemon's SIGTERM budget is 2 s in all
+        closed = not closing.is_alive()
+        parsing.join(timeout=1.0)
+        answered = not parsing.is_alive()
+    # Leaving the mount aborted it: the stuck read failed, so everything has ended by now.
+    closing.join(timeout=10)
+    parsing.join(timeout=10)
+    os.close(fd)
+    assert closed, "close() waited for a worker that cannot die"
+    assert answered and isinstance(outcome[0], dcp_metadata.ParserUnavailable)
+    wait_for(lambda: _exited(worker))  # killed, it died once its read failed
+    parser.close()
+    assert not Path(f"/proc/{worker}").exists()  # reaped: no zombie left behind
+
+
+@pytest.mark.root
+def test_a_request_behind_a_stuck_read_gives_up_in_time_then_a_fresh_worker_parses(
+    tmp_path: Path,
+) -> None:
+    good = tmp_path / "good.metadata"
+    good.write_bytes(dcp_metadata_bytes(4, 16))
+    parser = dcp_metadata.IsolatedParser(timeout=1.0)
+    good_fd = os.open(good, os.O_RDONLY)
+    try:
+        with ReadsNeverAnswered(tmp_path / "stuck") as server:
+            stuck_fd = os.open(server.file, os.O_RDONLY)
+            stuck, stuck_outcome = _parse_in_thread(parser, stuck_fd)
+            assert server.read_taken.wait(10)
+            queued, queued_outcome = _parse_in_thread(parser, good_fd)
+            # Each gives up within its timeout (the queued one: for the lock, then its own).
+            stuck.join(timeout=5.0)
+            queued.join(timeout=5.0)
+            finished = not stuck.is_alive() and not queued.is_alive()
+            # The stuck worker is left behind, still stuck: the next file gets a fresh one.
+            after = parse(parser, good) if finished else None
+        stuck.join(timeout=10)
+        queued.join(timeout=10)
+        os.close(stuck_fd)
+    finally:
+        os.close(good_fd)
+        parser.close()
+    assert finished, "a request waited without bound behind a worker that cannot die"
+    assert isinstance(stuck_outcome[0], dcp_metadata.ParserUnavailable)
+    (queued_answer,) = queued_outcome  # either no verdict, or parsed by a fresh worker
+    assert isinstance(queued_answer, dcp_metadata.ParserUnavailable) or (
+        isinstance(queued_answer, dcp_metadata.DcpMetadata) and len(queued_answer.shards) == 4
+    )
+    assert after is not None and len(after.shards) == 4

@@ -24,6 +24,7 @@ from checkpoint_exporter.sources.telemetry import gpu as gpu_module
 from checkpoint_exporter.sources.telemetry.correlate import counter_delta, gauge_mean, peak_rate
 from checkpoint_exporter.sources.telemetry.disk import DiskSource, parse_diskstats, resolve
 from checkpoint_exporter.sources.telemetry.filesystem import (
+    Capacity,
     CapacityMonitor,
     ProbeState,
     Reading,
@@ -114,7 +115,7 @@ def test_network_devices_bond_and_ipoib(node: FakeNode) -> None:
 
 def test_a_probe_over_its_budget_or_failing_is_a_device_error_with_the_last_values() -> None:
     last = Reading(1000, 400, 50.0)
-    blocked = ProbeState(Target("/m", "/m/job", "dev", "fs"), last, in_flight_since=100.0)
+    blocked = ProbeState(Target("/m", "dev", "fs"), last, in_flight_since=100.0)
     within, overrun = capacity_of(blocked, 105.0, 5.0), capacity_of(blocked, 105.1, 5.0)
     assert not within.device_error and (within.size_bytes, within.avail_bytes) == (1000, 400)
     assert overrun.device_error and (overrun.avail_bytes, overrun.checked_at) == (400, 50.0)
@@ -123,8 +124,10 @@ def test_a_probe_over_its_budget_or_failing_is_a_device_error_with_the_last_valu
 
 
 def test_a_filesystem_whose_statvfs_fails_is_reported_never_read(tmp_path: Path) -> None:
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)  # statvfs fails with ELOOP
     monitor = CapacityMonitor()
-    monitor.add(Target("/m", str(tmp_path / "gone"), "dev", "fs"))
+    monitor.add(Target(str(loop), "dev", "fs"))
     (never,) = wait_for(monitor.capacities)
     assert (never.device_error, never.checked_at, never.size_bytes) == (True, 0.0, 0)
 
@@ -132,8 +135,58 @@ def test_a_filesystem_whose_statvfs_fails_is_reported_never_read(tmp_path: Path)
 def test_a_mount_not_yet_read_is_not_reported_as_empty(tmp_path: Path) -> None:
     monitor = CapacityMonitor()
     monitor.close()  # so the first probe never starts: the mount stays "not yet read"
-    monitor.add(Target("/m", str(tmp_path), "dev", "fs"))
+    monitor.add(Target(str(tmp_path), "dev", "fs"))
     assert monitor.capacities() == []
+
+
+def _newer_or_in_error(monitor: CapacityMonitor, after: float) -> Callable[[], list[Capacity]]:
+    """Each mount's capacity once every one was read since ``after`` or is in error."""
+
+    def probed() -> list[Capacity]:
+        states = monitor.capacities()
+        return states if all(c.checked_at > after or c.device_error for c in states) else []
+
+    return probed
+
+
+def test_the_job_whose_path_placed_the_mount_being_deleted_is_no_device_error(
+    node: FakeNode, tmp_path: Path
+) -> None:
+    """Two discovered jobs on one mount; the first is cleaned up. Its filesystem is as healthy
+    as before: still read, no device error (which paged CheckpointMountStuck)."""
+    paths = PathsConfig(procfs=node.procfs, sysfs=node.sysfs)
+    config = Config(paths=paths, telemetry=TelemetryConfig(gpu="off"))
+    telemetry = NodeTelemetry(config, capacity_interval=0.05)
+    mount = Mount(str(tmp_path), "/dev/x", "ext4", "0:99")
+    first, second = tmp_path / "job-a", tmp_path / "job-b"
+    for job in (first, second):
+        job.mkdir()
+        telemetry.place(str(job), mount)
+    telemetry.start()
+    try:
+        (before,) = wait_for(telemetry.capacity.capacities)
+        first.rmdir()
+        (after,) = wait_for(_newer_or_in_error(telemetry.capacity, before.checked_at))
+    finally:
+        telemetry.stop()
+    assert after.mountpoint == str(tmp_path) and not after.device_error
+    assert after.checked_at > before.checked_at and after.size_bytes == before.size_bytes
+
+
+def test_a_mountpoint_that_is_gone_is_not_reported_until_it_is_back(tmp_path: Path) -> None:
+    """Unmounted and removed: not a device error (nothing is hung), just no longer there."""
+    mountpoint = tmp_path / "m"
+    mountpoint.mkdir()
+    monitor = CapacityMonitor()
+    monitor.add(Target(str(mountpoint), "dev", "fs"))
+    (read,) = wait_for(monitor.capacities)
+    mountpoint.rmdir()
+    monitor.probe()
+    wait_for(lambda: monitor.capacities() == [])  # not a device error: not there
+    mountpoint.mkdir()
+    monitor.probe()
+    (back,) = wait_for(_newer_or_in_error(monitor, read.checked_at))
+    assert back.checked_at > read.checked_at and not back.device_error
 
 
 def test_net_dev_parses_as_psutil_reads_it(tmp_path: Path, monkeypatch) -> None:
@@ -307,6 +360,66 @@ def test_nvml_disappearing_mid_run_is_reinitialised_when_back(fake_nvml, caplog)
     assert caplog.text.count("GPU telemetry lost") == 1
     fake_nvml(init="ok", gpus=gpus[:1])  # back, with one GPU fewer: a fresh session
     assert set(source.sample()) == {("0", "utilization"), ("0", "memory_used_bytes")}
+
+
+class _Hung:
+    """A telemetry source whose sample() blocks until released, like an NVML call on a wedged
+    GPU or a read of a sysfs file behind a hung driver."""
+
+    name = "hung"
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def sample(self) -> dict[tuple[str, str], float]:
+        self.entered.set()
+        self.release.wait()
+        return {}
+
+
+def _stops_within(stop: Callable[[], None], seconds: float) -> bool:
+    """Runs ``stop`` on a thread of its own: whether it returned within ``seconds``."""
+    stopping = threading.Thread(target=stop, name="stop", daemon=True)
+    stopping.start()
+    stopping.join(seconds)
+    return not stopping.is_alive()
+
+
+def test_the_sampler_stops_at_once_with_a_source_hung_in_a_call() -> None:
+    hung = _Hung()
+    sampler = Sampler([hung], interval=0.05, retention=1.0)
+    sampler.start()
+    try:
+        assert hung.entered.wait(10)
+        stopped = _stops_within(sampler.stop, 2.0)  # the exporter exits within 2 s of SIGTERM
+    finally:
+        hung.release.set()
+    assert stopped, "stop() waited for a source hung in a call"
+
+
+def test_telemetry_stops_at_once_with_nvml_shutdown_hung(
+    fake_nvml, node: FakeNode, monkeypatch: pytest.MonkeyPatch, caplog
+) -> None:
+    fake_nvml(init="ok", gpus=[{"util": 10, "memory_used": 1, "pcie": [1, 1]}])
+    in_shutdown, release = threading.Event(), threading.Event()
+
+    def hung_shutdown() -> None:  # a wedged driver
+        in_shutdown.set()
+        release.wait()
+
+    monkeypatch.setattr(sys.modules["pynvml"], "nvmlShutdown", hung_shutdown)
+    paths = PathsConfig(procfs=node.procfs, sysfs=node.sysfs)
+    telemetry = NodeTelemetry(Config(paths=paths, telemetry=TelemetryConfig(gpu="on")))
+    telemetry.start()
+    try:
+        assert dict(telemetry.available())["gpu"]
+        stopped = _stops_within(telemetry.stop, 2.0)
+        assert in_shutdown.wait(10)  # it was asked, and is left behind
+    finally:
+        release.set()
+    assert stopped, "stop() waited for a hung NVML shutdown"
+    assert "NVML shutdown has not returned" in caplog.text
 
 
 # --- the whole chain: a real exporter on the fixture node -------------------------------------

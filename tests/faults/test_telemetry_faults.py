@@ -82,36 +82,37 @@ def _blocked_on_fuse(pid: int) -> bool:
 def test_a_hung_mount_reports_device_error_and_the_others_stay_fresh(
     tmp_path: Path, node: FakeNode, hung: Path, tmpfs: Path
 ) -> None:
-    # "went-hung" answers first, then hangs: statvfs follows the symlink, which is then turned
-    # towards the hung mount. "hung" never answers at all.
+    # "went-hung" answers first, then hangs: statvfs of a mountpoint follows a symlink, which
+    # is then turned towards the hung mount. "hung" never answers at all.
     went_hung = tmp_path / "went-hung"
     went_hung.symlink_to(tmpfs)
     telemetry = NodeTelemetry(_config(node), capacity_interval=0.1, capacity_budget=0.3)
-    for path, mountpoint in ((tmpfs, tmpfs), (hung, hung), (went_hung, "/went")):
-        telemetry.place(str(path), Mount(str(mountpoint), "dev", "fs", "0:99"))
+    for mountpoint in (tmpfs, hung, went_hung):
+        telemetry.place(str(mountpoint / "job"), Mount(str(mountpoint), "dev", "fs", "0:99"))
+    went = str(went_hung)
     telemetry.start()
     try:
 
         def state() -> dict[str, Capacity]:
             return {c.mountpoint: c for c in telemetry.capacity.capacities()}
 
-        before = wait_for(lambda: (s := state())["/went"].checked_at > 0 and s)
-        assert before["/went"].size_bytes == 16 * MiB and not before["/went"].device_error
+        before = wait_for(lambda: (s := state())[went].checked_at > 0 and s)
+        assert before[went].size_bytes == 16 * MiB and not before[went].device_error
         (tmp_path / "turn").symlink_to(hung / "x")
         os.replace(tmp_path / "turn", went_hung)
         fresh_at = state()[str(tmpfs)].checked_at
 
         def settled() -> dict[str, Capacity] | None:
             s = state()
-            stuck = s["/went"].device_error and s[str(hung)].device_error
+            stuck = s[went].device_error and s[str(hung)].device_error
             return s if stuck and s[str(tmpfs)].checked_at > fresh_at else None
 
         after = wait_for(settled)
         assert after[str(tmpfs)].size_bytes == 16 * MiB and not after[str(tmpfs)].device_error
         # The last values read stay, as of when they were read.
-        went = after["/went"]
-        assert (went.size_bytes, went.avail_bytes, went.checked_at) == (
-            before["/went"].size_bytes, before["/went"].avail_bytes, before["/went"].checked_at
+        last = after[went]
+        assert (last.size_bytes, last.avail_bytes, last.checked_at) == (
+            before[went].size_bytes, before[went].avail_bytes, before[went].checked_at
         )  # fmt: skip
         assert after[str(hung)].checked_at == 0.0
         # The rest of the node is sampled as before: filesystems are no part of the sampler.
@@ -122,7 +123,7 @@ def test_a_hung_mount_reports_device_error_and_the_others_stay_fresh(
         fresh_at = after[str(tmpfs)].checked_at
         wait_for(lambda: state()[str(tmpfs)].checked_at > fresh_at + 0.5)
         probes = [t.name for t in threading.enumerate() if t.name.startswith("statvfs ")]
-        assert sorted(probes) == sorted(f"statvfs {m}" for m in (hung, "/went"))
+        assert sorted(probes) == sorted(f"statvfs {m}" for m in (hung, went_hung))
     finally:
         started = time.monotonic()
         telemetry.stop()

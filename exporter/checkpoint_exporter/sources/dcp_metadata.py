@@ -21,6 +21,7 @@ import contextlib
 import errno
 import io
 import json
+import logging
 import os
 import pickle
 import posixpath
@@ -41,6 +42,12 @@ DEFAULT_SIZE_LIMIT = 256 * 1024 * 1024
 # (~40 MiB mapped) plus what a real metadata file needs, up to about 16 times its size.
 DEFAULT_MEMORY_LIMIT = 768 * 1024 * 1024
 DEFAULT_PARSE_TIMEOUT = 120.0
+# A killed worker in an uninterruptible wait (a read on a hung mount) exits only when the read
+# returns: it is waited for this long, then left to be reaped later (or by init).
+REAP_WAIT = 0.2
+CLOSE_WAIT = 0.3  # the most close() waits for a parse under way to let go of the worker
+
+log = logging.getLogger(__name__)
 
 
 class MetadataError(ValueError):
@@ -278,8 +285,11 @@ class IsolatedParser:
     """Parses metadata in a worker process whose memory is capped by the kernel.
 
     One worker, started on first use and again after it died or hit its limit; requests are
-    one at a time (the validator's thread). The worker exits when the daemon does: it reads
-    requests from a socket whose other end closes with the daemon.
+    one at a time: one that waits longer than ``timeout`` for another's parse gives up, so a
+    read hung on one mount holds the others back for a bounded time only. The worker exits
+    when the daemon does: it reads requests from a socket whose other end closes with the
+    daemon. Nothing here waits long for a worker to exit: one that does not die when killed
+    (stuck in the kernel) is abandoned, and reaped when it does.
 
     Two limits, told apart in the answer: each request may grow the worker by
     ``AMPLIFICATION`` times the file's size (a real file needs up to about 16; a bomb of
@@ -299,8 +309,10 @@ class IsolatedParser:
         self._process: subprocess.Popen[bytes] | None = None
         self._socket: socket.socket | None = None
         self._closed = False
+        self._abandoned: list[subprocess.Popen[bytes]] = []  # killed, not yet exited
 
     def _start(self) -> socket.socket:
+        self._reap()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         # The daemon's own import path, handed over: the worker runs this very module.
         code = (
@@ -334,24 +346,40 @@ class IsolatedParser:
         return ours
 
     def close(self) -> None:
-        """Stop the worker now, even during a parse (which then fails as unavailable): the
-        daemon's shutdown does not wait for a slow file."""
+        """Stop the worker now, even during a parse (which then fails as unavailable), within
+        CLOSE_WAIT + REAP_WAIT: the daemon's shutdown waits neither for a slow file nor for a
+        worker stuck in the kernel. Called again (each validator closes the parser it shares),
+        it waits for nothing."""
+        wait = 0.0 if self._closed else CLOSE_WAIT
         self._closed = True
-        process, self._process = self._process, None
-        if process is not None:
-            process.kill()
-            process.wait()
-        with self._lock:
-            self._stop()
+        connection = self._socket
+        if connection is not None:
+            with contextlib.suppress(OSError):  # closed meanwhile by the parse under way
+                connection.shutdown(socket.SHUT_RDWR)  # wakes a parse waiting for its answer
+        if self._lock.acquire(timeout=wait):
+            try:
+                self._stop()
+                self._reap()
+            finally:
+                self._lock.release()
 
     def _stop(self) -> None:
+        """Drop the connection and end the worker; under the lock."""
         if self._socket is not None:
             self._socket.close()
             self._socket = None
-        if self._process is not None:
-            self._process.kill()
-            self._process.wait()
-            self._process = None
+        process, self._process = self._process, None
+        if process is None:
+            return
+        process.kill()
+        try:
+            process.wait(REAP_WAIT)
+        except subprocess.TimeoutExpired:
+            log.warning("metadata parser %d does not exit when killed; left behind", process.pid)
+            self._abandoned.append(process)
+
+    def _reap(self) -> None:
+        self._abandoned = [process for process in self._abandoned if process.poll() is None]
 
     def _connection(self) -> socket.socket:
         if self._closed:
@@ -362,37 +390,45 @@ class IsolatedParser:
 
     def parse(self, fd: int, size_limit: int = DEFAULT_SIZE_LIMIT) -> DcpMetadata:
         request = [json.dumps({"limit": size_limit}).encode()]
-        with self._lock:
-            for attempt in (1, 2):
-                connection = self._connection()
-                try:
-                    connection.settimeout(self.timeout)
-                    socket.send_fds(connection, request, [fd])
-                except OSError:
-                    self._stop()  # the worker went between the check and the send
-                    if attempt == 2:
-                        raise ParserUnavailable("the metadata parser is not answering") from None
-                    continue
-                try:
-                    reply = _receive(connection)
-                except TimeoutError:
-                    self._stop()
-                    raise ParserUnavailable(
-                        f"parsing took longer than {self.timeout:g} s"
-                    ) from None
-                except (OSError, ValueError):
-                    self._stop()
-                    raise ParserUnavailable("the metadata parser stopped while parsing") from None
-                break
-            if "error" in reply:
-                if reply.get("memory"):
-                    self._stop()  # its heap may stay large: start clean
-                if reply.get("kind") == "bomb":
-                    raise MetadataTooLarge(str(reply["error"]))
-                if reply.get("kind") == "cap":
-                    raise ParserUnavailable(str(reply["error"]))
-                raise MetadataError(str(reply["error"]))
-            return DcpMetadata(reply["version"], reply["save_id"], dict(reply["shards"]))
+        if not self._lock.acquire(timeout=self.timeout):
+            raise ParserUnavailable(
+                f"the metadata parser was busy with another file for {self.timeout:g} s"
+            )
+        try:
+            return self._parse(request, fd)
+        finally:
+            self._lock.release()
+
+    def _parse(self, request: list[bytes], fd: int) -> DcpMetadata:
+        """One request to the worker; under the lock."""
+        for attempt in (1, 2):
+            connection = self._connection()
+            try:
+                connection.settimeout(self.timeout)
+                socket.send_fds(connection, request, [fd])
+            except OSError:
+                self._stop()  # the worker went between the check and the send
+                if attempt == 2:
+                    raise ParserUnavailable("the metadata parser is not answering") from None
+                continue
+            try:
+                reply = _receive(connection)
+            except TimeoutError:
+                self._stop()
+                raise ParserUnavailable(f"parsing took longer than {self.timeout:g} s") from None
+            except (OSError, ValueError):
+                self._stop()
+                raise ParserUnavailable("the metadata parser stopped while parsing") from None
+            break
+        if "error" in reply:
+            if reply.get("memory"):
+                self._stop()  # its heap may stay large: start clean
+            if reply.get("kind") == "bomb":
+                raise MetadataTooLarge(str(reply["error"]))
+            if reply.get("kind") == "cap":
+                raise ParserUnavailable(str(reply["error"]))
+            raise MetadataError(str(reply["error"]))
+        return DcpMetadata(reply["version"], reply["save_id"], dict(reply["shards"]))
 
 
 def _receive(connection: socket.socket) -> dict[str, Any]:

@@ -7,6 +7,12 @@ ever waits for a probe, so neither a scrape nor shutdown can hang on one (a daem
 not keep the process from exiting; a ThreadPoolExecutor's workers do). A probe that overruns its
 budget, or fails, reports the filesystem's device error, as node_exporter's
 node_filesystem_device_error does, beside the last size and avail read and when they were read.
+
+The probe reads the mountpoint itself (from the exporter's own mount table, so a path in its own
+namespace), not a watched path below it: a job's directory is deleted when the job is cleaned up,
+and the filesystem it lived on is no less healthy for that. A mountpoint that is no longer there
+(ENOENT: unmounted and removed) is not reported until it is back, rather than paged as a device
+error.
 """
 
 from __future__ import annotations
@@ -23,8 +29,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Target:
-    mountpoint: str
-    path: str  # a watched path on the mount: statvfs of it reads the mount's filesystem
+    mountpoint: str  # statvfs of it reads the mount's filesystem
     device: str
     fstype: str
 
@@ -54,6 +59,7 @@ class ProbeState:
     target: Target
     reading: Reading | None = None
     failed: str | None = None  # why the latest returned probe failed; None when it read
+    gone: bool = False  # the latest returned probe found no mountpoint: not reported
     in_flight_since: float | None = None  # monotonic start of the probe not yet returned
     overrun_logged: bool = False
 
@@ -85,7 +91,7 @@ class CapacityMonitor:
         self._closed = False
 
     def add(self, target: Target) -> None:
-        """Probe a mount from now on, at once the first time; one path per mount is enough."""
+        """Probe a mount from now on, at once the first time it is added."""
         with self._lock:
             if target.mountpoint in self._mounts:
                 return
@@ -117,18 +123,24 @@ class CapacityMonitor:
 
     def _run(self, mount: ProbeState) -> None:
         failed = reading = None
+        gone = False
+        mountpoint = mount.target.mountpoint
         try:
-            reading = read_capacity(mount.target.path)
+            reading = read_capacity(mountpoint)
+        except FileNotFoundError:
+            gone = True
         except OSError as error:
             failed = error.strerror or str(error)
         with self._lock:
             waited = self.clock() - (mount.in_flight_since or 0.0)
             was_logged, mount.overrun_logged = mount.overrun_logged, False
             was_failed, mount.failed = mount.failed, failed
+            was_gone, mount.gone = mount.gone, gone
             mount.in_flight_since = None
             if reading is not None:
                 mount.reading = reading
-        mountpoint = mount.target.mountpoint
+        if gone != was_gone:
+            log.info("mountpoint %s %s", mountpoint, "is gone" if gone else "is back")
         if failed is not None and failed != was_failed:
             log.warning("statvfs of %s failed: %s", mountpoint, failed)
         elif was_logged:
@@ -136,11 +148,16 @@ class CapacityMonitor:
 
     def capacities(self) -> list[Capacity]:
         """Each mount's capacity, by mountpoint: those read once, and those in error (a hung mount
-        that never answered is reported too); a mount whose first probe is under way is not yet."""
+        that never answered is reported too); a mount whose first probe is under way is not yet,
+        nor one whose mountpoint is gone."""
         now = self.clock()
         with self._lock:
-            states = [capacity_of(self._mounts[m], now, self.budget) for m in sorted(self._mounts)]
-        return [c for c in states if c.checked_at or c.device_error]
+            states = [
+                (capacity_of(state, now, self.budget), state.gone)
+                for _, state in sorted(self._mounts.items())
+            ]
+        # A gone mountpoint is reported again once back, or once a probe of it hangs.
+        return [c for c, gone in states if c.device_error or (c.checked_at and not gone)]
 
     def close(self) -> None:
         """Start no more probes. Returns at once: a probe still blocked is left to the kernel."""

@@ -4,13 +4,15 @@ No NVML library, no driver, a lost GPU, a call a device does not support: each i
 logged once, never a crash. Initialisation is retried every RETRY_INIT_SECONDS (10 s) while it
 fails, so a driver loaded after the exporter started is picked up; a GPU that falls off the bus
 stops reporting and is logged once; when every GPU fails, NVML is shut down and initialised afresh
-on the same period.
+on the same period. Shutting NVML down on exit waits a bounded time: a shutdown that hangs in a
+wedged driver is left behind, so the exporter still exits within its SIGTERM budget.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
 from typing import Any
 
@@ -93,7 +95,8 @@ class GpuSource:
 
     def _restart(self, reason: str) -> None:
         log.warning("GPU telemetry lost (%s); retrying every %.0f s", reason, RETRY_INIT_SECONDS)
-        self.close()
+        if self._nvml is not None:
+            _shutdown(self._nvml)
         self._nvml, self._handles, self._lost = None, [], set()
         self._logged = {key for key in self._logged if not key.startswith(("init:", "error:"))}
         self._next_init = time.monotonic() + RETRY_INIT_SECONDS
@@ -121,7 +124,21 @@ class GpuSource:
                         out[(index, field)] = float(value.value.ullVal)
         return out
 
-    def close(self) -> None:
-        if self._nvml is not None:
-            with contextlib.suppress(self._nvml.NVMLError):
-                self._nvml.nvmlShutdown()
+    def close(self, timeout: float = 0.5) -> None:
+        """Shut NVML down, waiting at most ``timeout``: a shutdown that hangs in the driver is
+        left on a daemon thread, so the process still exits."""
+        nvml, self._nvml, self._handles = self._nvml, None, []
+        if nvml is None:
+            return
+        shutdown = threading.Thread(
+            target=_shutdown, args=(nvml,), name="nvml shutdown", daemon=True
+        )
+        shutdown.start()
+        shutdown.join(timeout)
+        if shutdown.is_alive():
+            log.warning("NVML shutdown has not returned in %.1f s; exiting without it", timeout)
+
+
+def _shutdown(nvml: Any) -> None:
+    with contextlib.suppress(nvml.NVMLError):
+        nvml.nvmlShutdown()

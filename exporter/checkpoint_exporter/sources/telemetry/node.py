@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -22,6 +23,7 @@ log = logging.getLogger(__name__)
 
 CAPACITY_INTERVAL = 15.0  # seconds between statvfs probes of a mount
 CAPACITY_BUDGET = 5.0  # a probe not back by then reports its filesystem's device error
+STOP_TIMEOUT = 0.5  # the most stop() waits in all, so SIGTERM ends the process within 2 s
 
 
 @dataclass(frozen=True)
@@ -59,15 +61,18 @@ class NodeTelemetry:
         self.sampler.start()
         self._capacity_thread.start()
 
-    def stop(self) -> None:
-        """Returns at once, whatever the filesystems do: statvfs probes are never waited for."""
+    def stop(self, timeout: float = STOP_TIMEOUT) -> None:
+        """Returns within ``timeout``, whatever the filesystems and the GPU driver do: statvfs
+        probes are never waited for, and a sampler or NVML call still hung by then is left on
+        its daemon thread (the process's exit ends it)."""
+        deadline = time.monotonic() + timeout
         self._stop.set()
         self.capacity.close()
-        self.sampler.stop()
-        if self._capacity_thread.is_alive():
-            self._capacity_thread.join()  # it only starts probes: it wakes and ends at once
+        self.sampler.stop(timeout)
+        if self._capacity_thread.is_alive():  # it only starts probes: it wakes and ends at once
+            self._capacity_thread.join(max(0.0, deadline - time.monotonic()))
         if self.gpu is not None:
-            self.gpu.close()
+            self.gpu.close(max(0.0, deadline - time.monotonic()))
 
     def _probe(self) -> None:
         # Mounts are probed once when placed; then again every interval.
@@ -80,7 +85,7 @@ class NodeTelemetry:
         if device is not None:
             self.disk.add(device.name)
         if mount is not None:
-            self.capacity.add(Target(mount.mountpoint, path, mount.device, mount.fstype))
+            self.capacity.add(Target(mount.mountpoint, mount.device, mount.fstype))
         return Placement(mount, device)
 
     def correlate(self, start: float, end: float, disks: Iterable[str]) -> WindowTelemetry:

@@ -46,10 +46,12 @@ class Sampler:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 0.5) -> None:
+        """Waits at most ``timeout`` for a sample under way: a source hung in a call (NVML,
+        a sysfs read) is left on the daemon thread, which ends with the process."""
         self._stop.set()
         if self._thread.is_alive():  # stopping what never started is fine
-            self._thread.join(timeout=5)
+            self._thread.join(timeout)
 
     def _run(self) -> None:
         next_at = time.monotonic()
