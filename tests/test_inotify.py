@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from checkpoint_exporter.sources import fsread
 from checkpoint_exporter.sources.inotify import Watcher
 from tests.conftest import wait_for
 
@@ -283,3 +284,160 @@ def test_a_root_symlink_is_followed_only_when_allowed(tmp_path: Path, watched) -
     assert watcher.watch("operator", str(tmp_path / "link")) is None
     (tmp_path / "target" / "f").write_bytes(b"x")
     wait_for(lambda: recorder.saw("operator", tmp_path / "link" / "f"))
+
+
+class HungOpen:
+    """``fsread.open_directory`` as a hung mount makes it for one directory name: the open waits
+    until released, where the kernel would wait on the filesystem."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+        self.entered, self.released = threading.Event(), threading.Event()
+        real = fsread.open_directory
+
+        def open_directory(path, *args, **kwargs) -> int:
+            if os.path.basename(os.fsencode(path)) == os.fsencode(name):
+                self.entered.set()
+                self.released.wait(30)
+            return real(path, *args, **kwargs)
+
+        monkeypatch.setattr(fsread, "open_directory", open_directory)
+
+
+class Call:
+    """A call on a thread of its own, so that a test can see it hang and still end."""
+
+    def __init__(self, function) -> None:
+        self._result: list[object] = []
+        self._thread = threading.Thread(target=lambda: self._result.append(function()))
+        self._thread.start()
+
+    def result(self, timeout: float) -> object:
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), f"still running after {timeout} s"
+        return self._result[0]
+
+    def join(self) -> None:
+        self._thread.join(30)
+
+
+def _kernel_watches(descriptor: int) -> int:
+    """The watches the kernel holds on an inotify instance: leaked ones included."""
+    with open(f"/proc/self/fdinfo/{descriptor}") as info:
+        return sum(line.startswith("inotify wd:") for line in info)
+
+
+@pytest.fixture
+def instance() -> Iterator[tuple[Watcher, Recorder, int]]:
+    """A started watcher, its recorder and its inotify descriptor."""
+    recorder = Recorder()
+    before = _inotify_descriptors()
+    watcher = Watcher(
+        recorder.changed, lambda path: None, lambda key, reason: recorder.lost.append((key, reason))
+    )
+    (descriptor,) = _inotify_descriptors() - before
+    watcher.start()
+    yield watcher, recorder, descriptor
+    watcher.stop()
+
+
+def test_a_hung_directory_in_watch_blocks_no_other_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, instance
+) -> None:
+    watcher, recorder, descriptor = instance
+    hung = HungOpen(monkeypatch, "stuck")
+    a, b = tmp_path / "a", tmp_path / "b"
+    (a / "stuck").mkdir(parents=True)
+    b.mkdir()
+    stuck = Call(lambda: watcher.watch("a", str(a)))  # a scan worker on the hung mount
+    try:
+        assert hung.entered.wait(5)
+        assert Call(lambda: watcher.watch("b", str(b))).result(timeout=2) is None
+        (b / "f").write_bytes(b"x")
+        wait_for(lambda: recorder.saw("b", b / "f"))
+        Call(lambda: watcher.unwatch("a")).result(timeout=1)  # the core thread never waits
+    finally:
+        hung.released.set()
+    # The late watches of the unwatched root are given back, not leaked.
+    assert stuck.result(timeout=5) is None
+    assert watcher.watch_count == 1 and _kernel_watches(descriptor) == 1
+    (a / "stuck" / "f").write_bytes(b"x")
+    (b / "g").write_bytes(b"x")
+    wait_for(lambda: recorder.saw("b", b / "g"))
+    assert not any(key == "a" for key, _ in recorder.changes)
+
+
+def test_a_hung_new_directory_blinds_no_other_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, instance
+) -> None:
+    watcher, recorder, descriptor = instance
+    hung = HungOpen(monkeypatch, "stuck")
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    for root in (a, b, c):
+        root.mkdir()
+    assert watcher.watch("a", str(a)) is None
+    assert watcher.watch("b", str(b)) is None
+    try:
+        (a / "stuck").mkdir()  # followed by the watcher: its open hangs
+        assert hung.entered.wait(5)
+        (b / "f").write_bytes(b"x")
+        wait_for(lambda: recorder.saw("b", b / "f"))  # the reader still reads
+        assert Call(lambda: watcher.watch("c", str(c))).result(timeout=2) is None
+        Call(lambda: watcher.unwatch("a")).result(timeout=1)
+    finally:
+        hung.released.set()
+    wait_for(lambda: not [t for t in threading.enumerate() if t.name.startswith("inotify ")])
+    assert watcher.watch_count == 2 and _kernel_watches(descriptor) == 2  # b and c
+
+
+def test_stop_returns_while_a_directory_hangs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hung = HungOpen(monkeypatch, "stuck")
+    before = _inotify_descriptors()
+    watcher = Watcher(lambda key, path: None, lambda path: None, lambda key, reason: None)
+    watcher.start()
+    a, b = tmp_path / "a" / "stuck", tmp_path / "b"
+    a.mkdir(parents=True)
+    b.mkdir()
+    assert watcher.watch("b", str(b)) is None
+    stuck = Call(lambda: watcher.watch("a", str(a)))  # a scan worker hangs
+    try:
+        (b / "new" / "stuck").mkdir(parents=True)  # and so does following this
+        assert hung.entered.wait(5)
+        Call(watcher.stop).result(timeout=1)  # SIGTERM must exit within 2 s
+    finally:
+        hung.released.set()
+        stuck.join()
+    # The descriptor is closed once the last thread that was using it has let go.
+    assert stuck.result(timeout=0) == "inotify watcher stopped"
+    wait_for(lambda: not _inotify_descriptors() - before)
+
+
+def test_a_watch_given_up_while_another_key_adds_it_is_added_again(
+    tmp_path: Path, instance
+) -> None:
+    watcher, recorder, descriptor = instance
+    assert watcher.watch("x", str(tmp_path)) is None
+    # The second key's inotify_add_watch finds the first key's watch, and returns before the
+    # first key's unwatch gives that watch back to the kernel.
+    libc = watcher._libc
+    real, added, resume = libc.inotify_add_watch, threading.Event(), threading.Event()
+
+    def add_watch(fd: int, path: bytes, mask: int) -> int:
+        wd = real(fd, path, mask)
+        added.set()
+        resume.wait(10)
+        return wd
+
+    libc.inotify_add_watch = add_watch
+    second = Call(lambda: watcher.watch("y", str(tmp_path)))
+    try:
+        assert added.wait(5)
+        Call(lambda: watcher.unwatch("x")).result(timeout=1)
+        libc.inotify_add_watch = real
+    finally:
+        resume.set()
+    assert second.result(timeout=5) is None
+    (tmp_path / "f").write_bytes(b"x")
+    wait_for(lambda: recorder.saw("y", tmp_path / "f"))
+    assert watcher.watch_count == 1 and _kernel_watches(descriptor) == 1
