@@ -82,8 +82,21 @@ def _add_serve(parser: argparse.ArgumentParser) -> None:
         "--path.rootfs",
         dest="rootfs",
         metavar="DIR",
-        help="deprecated, does nothing: only watched paths are statvfs'd, and the exporter "
-        "already sees them in its own mount namespace",
+        help="deprecated, does nothing: only the filesystems of watched paths are statvfs'd, "
+        "at mountpoints the exporter sees in its own mount namespace",
+    )
+    fleet = parser.add_argument_group("scopes and sharding")
+    fleet.add_argument(
+        "--scope",
+        metavar="SCOPES",
+        help="what this process reads: node (local tiers, the spool, telemetry), shared "
+        "(filesystems every node sees), or node,shared (default)",
+    )
+    fleet.add_argument(
+        "--shard",
+        metavar="I/N",
+        help="with the shared scope: serve the jobs whose name Prometheus' hashmod puts in "
+        "shard I of N (default 0/1: every job)",
     )
     collectors = parser.add_argument_group("collectors")
     for name, entry in sorted(REGISTRY.items()):
@@ -189,12 +202,20 @@ def _with_default_verb(argv: Sequence[str]) -> list[str]:
 # --- verbs -------------------------------------------------------------------------------------
 
 
-def _load_config(config_file: str | None) -> Any:
-    from checkpoint_exporter.config import Config, load_config
+def _load_config(config_file: str | None, serving: Any = None) -> Any:
+    from checkpoint_exporter.config import Config, Serving, load_config
 
+    serving = serving or Serving()
     if config_file is None:
-        return Config()
-    return load_config(config_file)
+        return Config(serving=serving)
+    return load_config(config_file, serving)
+
+
+def _serving(args: argparse.Namespace) -> Any:
+    """--scope and --shard; ValueError names the flag and what is wrong."""
+    from checkpoint_exporter.config import parse_serving
+
+    return parse_serving(args.scope, args.shard)
 
 
 def _report_config_error(error: Exception) -> int:
@@ -263,7 +284,7 @@ def _reload_config(args: argparse.Namespace, scanner: Any) -> None:
     from checkpoint_exporter.config import ConfigError
 
     try:
-        config = _apply_flags(_load_config(args.config_file), args)
+        config = _apply_flags(_load_config(args.config_file, _serving(args)), args)
     except ConfigError as error:
         for problem in getattr(error, "problems", []) or [error]:
             log.error("configuration reload failed, keeping the running one: %s", problem)
@@ -287,7 +308,7 @@ def _serve(args: argparse.Namespace) -> int:
     from checkpoint_exporter.sources.telemetry.node import NodeTelemetry
 
     try:
-        config = _apply_flags(_load_config(args.config_file), args)
+        config = _apply_flags(_load_config(args.config_file, _serving(args)), args)
     except ConfigError as error:
         return _report_config_error(error)
     except ValueError as error:
@@ -295,8 +316,8 @@ def _serve(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     if args.rootfs:
         log.warning(
-            "--path.rootfs is deprecated and does nothing: the exporter statvfs's only the paths "
-            "it watches, which it sees in its own mount namespace"
+            "--path.rootfs is deprecated and does nothing: the exporter statvfs's only the "
+            "filesystems of the paths it watches, at mountpoints in its own mount namespace"
         )
     if args.enable_exporter_metrics_deprecated:
         log.warning(
@@ -346,6 +367,9 @@ def _serve(args: argparse.Namespace) -> int:
         len(config.jobs),
         config.source or "none",
     )
+    if not config.serving.default:
+        log.info("serving: scope=%s shard=%d/%d", config.serving.scope_label,
+                 config.serving.shard, config.serving.shards)  # fmt: skip
     scanner.start()
     telemetry.start()
     handled, reloading = 0, None

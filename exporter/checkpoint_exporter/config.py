@@ -8,6 +8,7 @@ fixes them all.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import re
@@ -55,6 +56,10 @@ DEFAULT_LISTEN_ADDRESS = f":{DEFAULT_PORT}"
 LAYOUTS = ("auto", "dcp", "torchtitan", "megatron", "nemo", "deepspeed", "hf", "lightning", "orbax")
 WATCH_MODES = ("auto", "inotify", "poll")
 GPU_MODES = ("auto", "on", "off")
+# Scopes (DESIGN "Scopes and sharding"): a node path is seen by this node alone (local staging,
+# the spool, telemetry), a shared one by every node (a network or parallel filesystem).
+NODE, SHARED = "node", "shared"
+SCOPE_CHOICES = ("auto", NODE, SHARED)
 
 # A job name is a label value and the name of the job's spool directory.
 _JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
@@ -77,6 +82,9 @@ class Policy:
     # `latest`) must stay unchanged before it is judged: long enough that a copy or a slow
     # writer between two chunks is not taken for finished, short next to any deadline.
     settle: float = 5.0
+    # The scope of the job's durable tier (``path``): auto decides from its mount. A staging
+    # tier is always scoped from its mount (it is node-local storage, or a shared fast tier).
+    scope: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -142,6 +150,74 @@ class TelemetryConfig:
     retention: float = 3600.0  # how far back samples are kept: the longest save to correlate
 
 
+def hashmod(name: str, modulus: int) -> int:
+    """Prometheus' ``hashmod`` relabel action on one label value: the last 8 bytes of the md5
+    digest as a big-endian unsigned integer, modulo ``modulus`` -- so an operator can check which
+    shard owns a job with the same relabel rule, and ownership depends on the name alone."""
+    digest = hashlib.md5(name.encode("utf-8"), usedforsecurity=False).digest()
+    return int.from_bytes(digest[8:], "big") % modulus
+
+
+@dataclass(frozen=True)
+class Serving:
+    """What this process serves (``--scope``, ``--shard``): the scopes it reads, and which shard
+    of the jobs' shared trees is its own. The default, both scopes and one shard, is one machine
+    watching everything."""
+
+    scopes: frozenset[str] = frozenset({NODE, SHARED})
+    shard: int = 0
+    shards: int = 1
+
+    @property
+    def default(self) -> bool:
+        return self == Serving()
+
+    @property
+    def scope_label(self) -> str:
+        return ",".join(sorted(self.scopes))
+
+    def owns(self, job: str) -> bool:
+        return self.shards == 1 or hashmod(job, self.shards) == self.shard
+
+    def serves(self, scope: str, job: str) -> bool:
+        """Whether this process reads a tier of ``scope`` of ``job``."""
+        return scope in self.scopes and (scope == NODE or self.owns(job))
+
+    def tracks(self, job: str) -> bool:
+        """Whether ``job`` has any state here: every job has node-scope state on a node (its
+        spool, its telemetry); a shared-scope process keeps only the jobs of its shard."""
+        return NODE in self.scopes or self.owns(job)
+
+
+def parse_serving(scope: str | None, shard: str | None) -> Serving:
+    """``--scope`` (node, shared, or node,shared) and ``--shard`` (i/N); ValueError says why."""
+    scopes = Serving().scopes
+    if scope is not None:
+        names = [name.strip() for name in scope.split(",")]
+        unknown = [name for name in names if name not in (NODE, SHARED)]
+        if unknown:
+            raise ValueError(
+                f"--scope={scope}: expected node, shared or node,shared (got {unknown[0]!r})"
+            )
+        scopes = frozenset(names)
+    if shard is None:
+        return Serving(scopes)
+    match = re.fullmatch(r"(\d+)/(\d+)", shard.strip())
+    if match is None:
+        raise ValueError(f"--shard={shard}: expected i/N, e.g. 0/4 (shard i of N, 0 <= i < N)")
+    index, count = int(match.group(1)), int(match.group(2))
+    if count < 1:
+        raise ValueError(f"--shard={shard}: the number of shards must be at least 1")
+    if index >= count:
+        raise ValueError(f"--shard={shard}: the shard index must be below {count} (0 <= i < N)")
+    if SHARED not in scopes:
+        raise ValueError(
+            f"--shard={shard} needs the shared scope: a --scope=node process serves every job "
+            "on its node, and only shared trees are split between shards"
+        )
+    return Serving(scopes, index, count)
+
+
 @dataclass(frozen=True)
 class Config:
     source: Path | None = None
@@ -154,6 +230,7 @@ class Config:
     defaults: Policy = field(default_factory=Policy)
     jobs: tuple[JobConfig, ...] = ()
     discover: tuple[DiscoverConfig, ...] = ()
+    serving: Serving = field(default_factory=Serving)  # from the flags, not the file
 
 
 # --- values -------------------------------------------------------------------------------
@@ -249,6 +326,7 @@ POLICY_FIELDS = (
     Field("poll_interval", positive_duration),
     Field("verify_checksums", boolean),
     Field("settle", positive_duration),
+    Field("scope", choice(SCOPE_CHOICES)),
 )
 _POLICY_KEYS = {f.key for f in POLICY_FIELDS}
 
@@ -375,6 +453,15 @@ def _readable_directory(
     return resolved
 
 
+def _checked(serving: Serving, scope: str, job: str | None) -> bool:
+    """Whether loading checks a directory of ``scope``: not one this process never reads (a
+    node-scope process may not even mount the shared roots), nor, in a process serving one
+    scope, an ``auto`` one, whose scope its mount decides when the scanner places it."""
+    if scope == "auto":
+        return serving.scopes == {NODE, SHARED} and (job is None or serving.owns(job))
+    return scope in serving.scopes and (job is None or serving.serves(scope, job))
+
+
 def _policy(values: dict[str, Any], base: Policy) -> Policy:
     return replace(base, **{k: v for k, v in values.items() if k in _POLICY_KEYS})
 
@@ -415,7 +502,11 @@ def _telemetry(problems: Problems, raw: object) -> TelemetryConfig:
 
 
 def _parse(
-    data: object, problems: Problems, base_dir: Path, other_files: list[ConfigProblem]
+    data: object,
+    problems: Problems,
+    base_dir: Path,
+    other_files: list[ConfigProblem],
+    serving: Serving,
 ) -> Config:
     path = _path_parser(base_dir)
     top = problems.check(data, (), _top_fields(path))
@@ -437,8 +528,9 @@ def _parse(
         telemetry=telemetry,
         scan=scan,
         defaults=defaults,
-        jobs=_jobs(problems, top.get("jobs"), path, defaults),
-        discover=_discover(problems, top.get("discover"), path, defaults),
+        jobs=_jobs(problems, top.get("jobs"), path, defaults, serving),
+        discover=_discover(problems, top.get("discover"), path, defaults, serving),
+        serving=serving,
     )
     overrides = {key: top[key] for key in ("spool", "spool_retention") if key in top}
     return replace(config, **overrides)
@@ -453,7 +545,9 @@ def _list(problems: Problems, raw: object, key: str) -> list[object]:
     return raw
 
 
-def _jobs(problems: Problems, raw: object, path: Parser, defaults: Policy) -> tuple[JobConfig, ...]:
+def _jobs(
+    problems: Problems, raw: object, path: Parser, defaults: Policy, serving: Serving
+) -> tuple[JobConfig, ...]:
     fields = _job_fields(path)
     jobs: list[JobConfig] = []
     names: dict[str, int] = {}
@@ -469,9 +563,10 @@ def _jobs(problems: Problems, raw: object, path: Parser, defaults: Policy) -> tu
                     (*at, "name"), f"duplicate job name {name!r} (also jobs[{names[name]}])"
                 )
             names.setdefault(name, index)
+        scopes = {"path": values.get("scope", defaults.scope), "staging": "auto"}
         for tier_key in ("path", "staging"):
             directory = values.get(tier_key)
-            if directory is None:
+            if directory is None or not _checked(serving, scopes[tier_key], name):
                 continue
             resolved = _readable_directory(problems, (*at, tier_key), directory, checks)
             if resolved in watched:
@@ -488,7 +583,7 @@ def _jobs(problems: Problems, raw: object, path: Parser, defaults: Policy) -> tu
 
 
 def _discover(
-    problems: Problems, raw: object, path: Parser, defaults: Policy
+    problems: Problems, raw: object, path: Parser, defaults: Policy, serving: Serving
 ) -> tuple[DiscoverConfig, ...]:
     fields = _discover_fields(path)
     entries: list[DiscoverConfig] = []
@@ -498,7 +593,8 @@ def _discover(
         values = problems.check(entry, at, fields)
         if "root" not in values:
             continue
-        _readable_directory(problems, (*at, "root"), values["root"], checks)
+        if _checked(serving, values.get("scope", defaults.scope), None):
+            _readable_directory(problems, (*at, "root"), values["root"], checks)
         entries.append(
             DiscoverConfig(
                 root=values["root"],
@@ -510,24 +606,30 @@ def _discover(
     return tuple(entries)
 
 
-def parse_config(text: str, file: str = "<config>", base_dir: Path | None = None) -> Config:
-    """Parse config text; relative paths are taken relative to ``base_dir``."""
+def parse_config(
+    text: str,
+    file: str = "<config>",
+    base_dir: Path | None = None,
+    serving: Serving = Serving(),
+) -> Config:
+    """Parse config text; relative paths are taken relative to ``base_dir``. ``serving``: what
+    the process serves (its directories outside that are not checked)."""
     document = read_yaml(text, file)
     problems = Problems.of(file, document)
     if document.problems and document.data is None:
         raise ConfigError(problems.found)
     other_files: list[ConfigProblem] = []  # problems of the web config file it names
-    config = _parse(document.data, problems, base_dir or Path.cwd(), other_files)
+    config = _parse(document.data, problems, base_dir or Path.cwd(), other_files, serving)
     if problems.found or other_files:
         found = sorted(problems.found, key=lambda p: (p.line or 0, p.key))
         raise ConfigError(found + other_files)
     return config
 
 
-def load_config(path: str | os.PathLike[str]) -> Config:
+def load_config(path: str | os.PathLike[str], serving: Serving = Serving()) -> Config:
     """Read and validate a config file. Relative paths inside are relative to the file."""
     file = Path(path)
-    config = parse_config(read_config_text(file), str(file), file.resolve().parent)
+    config = parse_config(read_config_text(file), str(file), file.resolve().parent, serving)
     return replace(config, source=file)
 
 
@@ -546,6 +648,7 @@ def _policy_dict(policy: Policy) -> dict[str, Any]:
         "poll_interval": format_duration(policy.poll_interval),
         "verify_checksums": policy.verify_checksums,
         "settle": format_duration(policy.settle),
+        "scope": policy.scope,
     }
 
 

@@ -39,6 +39,9 @@ class WatchedPath:
     path: str
     mode: str = ""  # how it is watched: inotify or poll ("" until decided)
     mountpoint: str = ""  # the filesystem it lives on
+    # Read by this process: False for a tier outside its scopes (--scope, --shard), whose
+    # generation-derived series other processes export.
+    scanned: bool = True
 
 
 @dataclass(frozen=True)
@@ -111,6 +114,7 @@ class JobState:
     saves_committed: int = 0
     saves_aborted: int = 0
     deadline_misses: int = 0
+    saves_within_deadline: int = 0  # committed saves whose total was within the deadline
     validation_failures: tuple[tuple[str, int], ...] = ()
     save_duration: tuple[tuple[str, HistogramState], ...] = ()  # (phase, histogram)
     last_phases: tuple[tuple[str, float], ...] = ()  # the newest finished save's phases
@@ -146,6 +150,11 @@ def newest_committed(job: JobState) -> Generation | None:
         if gen.tier == DURABLE and gen.state == COMMITTED and not gen.alias
     ]
     return max(committed, key=restore_preference, default=None)
+
+
+def scanned(job: JobState, tier: str) -> bool:
+    """Whether this process reads the job's ``tier`` (it has one, inside the process's scopes)."""
+    return any(path.tier == tier and path.scanned for path in job.paths)
 
 
 class _Committed(Protocol):
@@ -184,6 +193,9 @@ class DaemonState:
     scan_success: tuple[tuple[str, str, float], ...] = ()
     config_reload_successful: bool = True
     config_reload_success_time: float = 0.0
+    # (shard, shards, scopes) when the process was told to serve part of the fleet; None for the
+    # default (both scopes, one shard).
+    shard_info: tuple[int, int, str] | None = None
 
 
 @dataclass(frozen=True)

@@ -176,6 +176,7 @@ class JobTracker:
     saves_committed: int = 0
     saves_aborted: int = 0
     deadline_misses: int = 0
+    saves_within_deadline: int = 0
     validation_failures: Counter[str] = field(default_factory=Counter)
     durations: dict[str, Histogram] = field(default_factory=dict)
     _just_committed: list[str] = field(default_factory=list)
@@ -425,7 +426,7 @@ class JobTracker:
                 if limit is not None:
                     due.append(gen.progress_at + limit + TICK_MARGIN)
         expired = max(SAVE_TIMELINE_EXPIRY, 3 * self.policy.deadline)
-        two_tier = any(p.tier == STAGING for p in self.paths)
+        two_tier = self._two_tier()
         for timeline in self.clocks.saves.values():
             # Committed to staging and waiting for the durable commit (_settle keeps it): only
             # the disk's commit or the expiry moves it, not the settle period over and over.
@@ -436,6 +437,13 @@ class JobTracker:
         for run in self.clocks.restores.values():
             due.append(run.first_seen + RESTORE_EXPIRY + TICK_MARGIN)
         return min(due, default=None)
+
+    def _two_tier(self) -> bool:
+        """Staging and durable tiers both read here. A process that reads only the staging tier
+        (the durable one is shared, read by another process) never sees the durable commit: its
+        saves end with their ranks' own commit, and it has no drain to follow."""
+        read = {p.tier for p in self.paths if p.scanned}
+        return {STAGING, DURABLE} <= read
 
     def _counts(self, gen: _Gen) -> bool:
         # Save lifecycle counters follow the durable tier; the staging tier feeds drain metrics.
@@ -519,14 +527,21 @@ class JobTracker:
             return
         for phase, seconds in phases.items():
             self.durations[phase].observe(seconds)
-        if phases.get("total", 0.0) > self.policy.deadline:
+        # Every observed total is one or the other, so the two counters sum to the histogram's
+        # total count and an SLO ratio needs no bucket series.
+        total = phases.get("total")
+        if total is None:
+            return
+        if total > self.policy.deadline:
             self.deadline_misses += 1
+        else:
+            self.saves_within_deadline += 1
 
     # --- drain -------------------------------------------------------------------------------
 
     def _update_drain(self) -> None:
         """Match the staging tier against the durable tier; count what changed while we ran."""
-        if not any(p.tier == STAGING for p in self.paths):
+        if not self._two_tier():
             return
         publics = [gen.public() for gen in self._gens.values()]
         state = drain_state(
@@ -580,7 +595,7 @@ class JobTracker:
     def _settle(self, now: float) -> bool:
         """Account the spool timelines that ended or expired; whether any did."""
         settled = False
-        two_tier = any(p.tier == STAGING for p in self.paths)
+        two_tier = self._two_tier()
         expired = max(SAVE_TIMELINE_EXPIRY, 3 * self.policy.deadline)
         for key, timeline in list(self.clocks.saves.items()):
             if timeline.finished(now):
@@ -777,6 +792,7 @@ class JobTracker:
             saves_committed=self.saves_committed,
             saves_aborted=self.saves_aborted,
             deadline_misses=self.deadline_misses,
+            saves_within_deadline=self.saves_within_deadline,
             validation_failures=tuple(sorted(self.validation_failures.items())),
             # An uninstrumented job has only the disk's total: its empty phases stay unexported.
             save_duration=tuple(
@@ -835,7 +851,9 @@ class Tracker:
 
     def __init__(self, config: Config):
         self.jobs: dict[str, JobTracker] = {
-            job.name: JobTracker(job.name, job_paths(job), job.policy) for job in config.jobs
+            job.name: JobTracker(job.name, job_paths(job), job.policy)
+            for job in config.jobs
+            if config.serving.tracks(job.name)  # a shared-scope process: its shard's jobs only
         }
         self.snapshot = Snapshot(taken_at=time.time(), daemon=DaemonState())
         self._published: dict[str, JobState] = {}  # in the order of ``jobs``

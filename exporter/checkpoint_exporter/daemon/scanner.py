@@ -22,6 +22,14 @@ a read hung on one mount holds up no other mount's checks; a hung validation rea
 reported (a hang that stops data reads but not metadata, an object server down, leaves the
 generation unjudged and its mount unflagged).
 
+A process serves the scopes it is told (``config.serving``: ``--scope``, ``--shard``). A tier of
+a scope it does not serve is never placed, read, watched or validated: an explicit ``scope`` is
+known at once, ``auto`` is decided when the tier is placed, from its mount (network and parallel
+filesystems are shared, local ones node). A node-scope process still lists a discover root on a
+shared filesystem, once per poll interval, to learn the names of the jobs whose spool events it
+reads; it never reads below it. A shared-scope process keeps only the jobs of its shard, reads no
+spool and correlates no telemetry window (its node is no training node).
+
 The port opens before the first pass: ``readiness`` says when every tier has been read once (or
 sits on a stuck mount), ``liveness`` fails only when this loop stops turning.
 """
@@ -41,7 +49,7 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, fields, replace
 
-from checkpoint_exporter.config import Config, DiscoverConfig, JobConfig, Policy
+from checkpoint_exporter.config import NODE, SHARED, Config, DiscoverConfig, JobConfig, Policy
 from checkpoint_exporter.core.tracker import (
     Histogram,
     JobTracker,
@@ -118,6 +126,7 @@ class _Tier:
     path: str
     follow_root: bool | None  # may the root be a symlink (None: a configured root decides)
     worker: str  # the mount whose worker reads it ("" while unknown)
+    scope: str = ""  # node or shared; "" while ``auto`` waits for the tier to be placed
     mode: str = ""
     reason: str = ""
     mountpoint: str = ""
@@ -176,7 +185,8 @@ class _Placed:
     mount: Mount | None
     mode: str
     reason: str
-    reader: TreeReader
+    reader: TreeReader | None  # None: outside this process's scopes, never read
+    scope: str
 
 
 @dataclass(frozen=True)
@@ -364,7 +374,10 @@ class Scanner:
         telemetry: NodeTelemetry | None = None,
     ) -> None:
         self.config = config
+        self.serving = config.serving
         self.telemetry = telemetry
+        # Save windows are this node's: a shared-scope process runs on no training node.
+        self._correlating = telemetry is not None and NODE in self.serving.scopes
         self.tracker = tracker
         self.clock = clock
         self._mounts = read_mounts(config.paths.procfs)
@@ -409,7 +422,8 @@ class Scanner:
         self._node: tuple[tuple, tuple] = ((), ())  # filesystems, telemetry sources with data
         self._reload: tuple[bool, float] = (True, time.time())  # successful, success time
         for job in config.jobs:
-            self._add(job.name, job_paths(job), job.policy, None, job)
+            if self.serving.tracks(job.name):
+                self._add(job.name, job_paths(job), job.policy, None, job)
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -467,7 +481,8 @@ class Scanner:
 
     def _run(self) -> None:
         now = time.monotonic()
-        self._timers.at(("spool",), now)
+        if NODE in self.serving.scopes:  # the spool is the node's
+            self._timers.at(("spool",), now)
         self._timers.at(("reconcile",), now + self.config.scan.reconcile_interval)
         self._timers.at(("node",), now)
         for index in range(len(self._discoveries)):
@@ -627,7 +642,14 @@ class Scanner:
         # becomes) a symlink. A configured root may be one, as the operator chose.
         follow = None if discovered_from is None else False
         tiers = [
-            _Tier(name, watched.tier, watched.path, follow, self._lexical_mount(watched.path))
+            _Tier(
+                name,
+                watched.tier,
+                watched.path,
+                follow,
+                self._lexical_mount(watched.path),
+                scope=_configured_scope(watched.tier, policy),
+            )
             for watched in paths
         ]
         fixed = None if policy.layout == "auto" else policy.layout
@@ -639,6 +661,8 @@ class Scanner:
         self.tracker.jobs[name].clocks.dropped = self.spool.dropped_total
         self._publish_paths(source)
         for tier in tiers:
+            if self._outside(tier):
+                continue  # not even placed: placing stats the path
             self._worker(tier.worker).submit(lambda tier=tier: self._place(tier, policy))
             # Placing stats the path: a mount hung before the start is found stuck here.
             self._timers.soon(("stuck", tier.worker), time.monotonic() + STUCK_SECONDS)
@@ -679,9 +703,12 @@ class Scanner:
     def _place(self, tier: _Tier, policy: Policy) -> _Placed:
         """On the tier's worker: its mount, how it is watched, its reader (all may stat it)."""
         mount = mount_of(tier.path, self._mounts)
-        mode, reason = choose_mode(policy.watch, mount)
         # Shared storage gets the budget whether it is polled or (configured so) watched.
         network = mount is not None and is_network(mount.fstype)
+        scope = tier.scope or (SHARED if network else NODE)
+        if not self.serving.serves(scope, tier.job):
+            return _Placed(tier, mount, "", "", None, scope)
+        mode, reason = choose_mode(policy.watch, mount)
         reader = TreeReader(
             tier.path,
             self._network_budget if network else self._local_budget,
@@ -701,7 +728,7 @@ class Scanner:
             if failure is not None:
                 mode, reason = POLL, failure
                 log.warning("job=%s path=%s: %s; polling instead", tier.job, tier.path, failure)
-        return _Placed(tier, mount, mode, reason, reader)
+        return _Placed(tier, mount, mode, reason, reader, scope)
 
     def _placed(self, placed: _Placed) -> None:
         tier = placed.tier
@@ -711,6 +738,14 @@ class Scanner:
             self.watcher.unwatch(tier.job)  # removed while placed: the watch it added goes too
         if source is None or tier not in source.tiers:
             return  # removed meanwhile
+        tier.scope = placed.scope
+        if placed.reader is None:
+            log.info("not watching job=%s tier=%s path=%s: scope %s, outside this process's (%s)",
+                     tier.job, tier.tier, tier.path, tier.scope,
+                     self.serving.scope_label)  # fmt: skip
+            self._publish_paths(source)
+            self._health = None
+            return
         tier.mode, tier.reason, tier.reader = placed.mode, placed.reason, placed.reader
         if placed.mount is not None:
             tier.mountpoint = placed.mount.mountpoint
@@ -730,14 +765,30 @@ class Scanner:
 
     def _publish_paths(self, source: _Source) -> None:
         self.tracker.jobs[source.name].set_paths(
-            tuple(WatchedPath(t.tier, t.path, t.mode, t.mountpoint) for t in source.tiers)
+            tuple(
+                WatchedPath(t.tier, t.path, t.mode, t.mountpoint, scanned=self._read_here(t))
+                for t in source.tiers
+            )
         )
         self._changed_jobs.add(source.name)
+
+    def _outside(self, tier: _Tier) -> bool:
+        """The tier's scope is known, and this process does not serve it (for this job)."""
+        return bool(tier.scope) and not self.serving.serves(tier.scope, tier.job)
+
+    def _read_here(self, tier: _Tier) -> bool:
+        """Its series come from this process: its scope is served, or, while ``auto`` waits for
+        the tier to be placed, every scope it could turn out to have is."""
+        if tier.scope:
+            return self.serving.serves(tier.scope, tier.job)
+        return all(self.serving.serves(scope, tier.job) for scope in (NODE, SHARED))
 
     def _discover(self, index: int, now: float) -> None:
         if index >= len(self._discoveries):
             return
         discovery = self._discoveries[index]
+        if not self._lists(discovery.entry):
+            return
         self._timers.at(("discover", str(index)), now + discovery.entry.policy.poll_interval)
         if discovery.listing:
             return
@@ -748,6 +799,11 @@ class Scanner:
         discovery.listing = True
         worker.submit(lambda: _Listed(discovery, _list_jobs(root)))
         self._timers.soon(("stuck", worker.mountpoint), now + STUCK_SECONDS)
+
+    def _lists(self, entry: DiscoverConfig) -> bool:
+        """Whether this process lists the root: a root of node scope is left to the node-scope
+        processes; any other is listed (a node-scope process learns its jobs' names from it)."""
+        return entry.policy.scope != NODE or NODE in self.serving.scopes
 
     def _listed(self, listed: _Listed) -> None:
         discovery = listed.discovery
@@ -760,7 +816,11 @@ class Scanner:
             return
         entry = discovery.entry
         configured = {job.name for job in self.config.jobs}
-        present = {n for n in listed.names if _JOB_NAME.fullmatch(n) and n not in configured}
+        present = {
+            n
+            for n in listed.names
+            if _JOB_NAME.fullmatch(n) and n not in configured and self.serving.tracks(n)
+        }
         root = str(entry.root)
         wall = self.clock()
         tracked = [n for n, src in self._sources.items() if src.discovered_from == root]
@@ -986,7 +1046,7 @@ class Scanner:
         if job is None:
             return
         due = job.next_due(wall)
-        if self.telemetry is not None and job.last_window is not None:
+        if self._correlating and job.last_window is not None:
             start, end = job.last_window
             done = job.window_telemetry
             if done is None or (done.start, done.end) != (start, end):
@@ -1016,7 +1076,7 @@ class Scanner:
     def _correlate(self, source: _Source, job: JobTracker, wall: float) -> None:
         """Attach to the job's newest finished save what this node's devices did during it,
         once the samples after its end are in."""
-        if self.telemetry is None or job.last_window is None:
+        if not self._correlating or self.telemetry is None or job.last_window is None:
             return
         settle = 1.5 * self.config.telemetry.sample_interval
         start, end = job.last_window
@@ -1074,7 +1134,7 @@ class Scanner:
                         "restart", ", ".join(not_applied))  # fmt: skip
         # Mounts made since the start (autofs, a new NFS export) decide where new jobs live.
         self._mounts = read_mounts(self.config.paths.procfs)
-        wanted = {job.name: job for job in config.jobs}
+        wanted = {job.name: job for job in config.jobs if self.serving.tracks(job.name)}
         added, removed, changed = [], [], []
         for name, source in list(self._sources.items()):
             if source.discovered_from is None and name not in wanted:
@@ -1129,13 +1189,17 @@ class Scanner:
 
     def _health_state(self) -> tuple[object, ...]:
         if self._health is None:
-            tiers = [(s.name, t) for s in self._sources.values() for t in s.tiers]
+            tiers = [
+                (s.name, t) for s in self._sources.values() for t in s.tiers if not self._outside(t)
+            ]
             stuck = {key for key, worker in self._workers.items() if worker.stuck}
             if not self._ready:
                 unlisted = sum(
                     1
                     for d in self._discoveries
-                    if not d.listed and self._lexical_mount(str(d.entry.root)) not in stuck
+                    if not d.listed
+                    and self._lists(d.entry)
+                    and self._lexical_mount(str(d.entry.root)) not in stuck
                 )
                 done = sum(1 for _, t in tiers if t.first_done or t.worker in stuck)
                 roots = f", {unlisted} discover roots not listed yet" if unlisted else ""
@@ -1190,6 +1254,9 @@ class Scanner:
             spool_poll_seconds=self.spool.poll_seconds_total,
             discover_excess=tuple((str(d.entry.root), d.excess) for d in self._discoveries),
             ready=bool(ready),
+            shard_info=None
+            if self.serving.default
+            else (self.serving.shard, self.serving.shards, self.serving.scope_label),
             first_scans=first_scans,  # type: ignore[arg-type]
             mounts=mounts,  # type: ignore[arg-type]
             scan_success=success,  # type: ignore[arg-type]
@@ -1261,6 +1328,12 @@ def _found(
     detected = None if fixed_layout else name
     tier.parsed = (tree, found, detected)
     return found, detected
+
+
+def _configured_scope(tier: str, policy: Policy) -> str:
+    """A tier's scope as the config sets it ("" for auto: its mount decides). ``scope`` names
+    the durable tier's; a staging tier is always scoped from its mount."""
+    return policy.scope if tier == DURABLE and policy.scope != "auto" else ""
 
 
 def _list_jobs(root: str) -> list[str] | None:

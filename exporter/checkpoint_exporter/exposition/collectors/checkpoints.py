@@ -15,9 +15,11 @@ from checkpoint_exporter.model import (
     COMMITTED,
     DURABLE,
     WRITING,
+    Generation,
     JobState,
     Snapshot,
     newest_committed,
+    scanned,
 )
 from checkpoint_exporter.sources.validate import REASONS
 
@@ -94,6 +96,13 @@ SAVE_DURATION = MetricSpec(
     "Duration of each phase of a save; the job's deadline is a bucket boundary.",
     ("training_job", "phase"),
 )
+SAVES_WITHIN_DEADLINE = MetricSpec(
+    "checkpoint_saves_within_deadline_total",
+    "counter",
+    "Saves whose start-to-durable-commit time was within the job's deadline; with the "
+    "histogram's total count, a deadline SLO ratio reads two series per job.",
+    _JOB,
+)
 LAST_SAVE_PHASE = MetricSpec(
     "checkpoint_last_save_phase_seconds",
     "gauge",
@@ -154,7 +163,7 @@ class CheckpointsCollector(SnapshotCollector):
         LAST_COMMITTED_VALID, SAVES_IN_PROGRESS,
         OLDEST_SAVE_IN_PROGRESS_START, LAST_SAVE_START,
         SAVES_COMMITTED, SAVES_ABORTED, DEADLINE_MISSES,
-        SAVE_DURATION, LAST_SAVE_PHASE, LAST_SAVE_WRITE_END,
+        SAVE_DURATION, SAVES_WITHIN_DEADLINE, LAST_SAVE_PHASE, LAST_SAVE_WRITE_END,
         LAST_SAVE_WRITE_SPREAD, RETAINED_GENERATIONS,
         RETAINED_BYTES, RETAINED_VALID_GENERATIONS,
         VALIDATION_FAILURES, STORAGE_CLOCK_SKEW,
@@ -166,19 +175,20 @@ class CheckpointsCollector(SnapshotCollector):
             self._job(job, out)
         return list(out.values())
 
-    @staticmethod
-    def _job(job: JobState, out: dict[MetricSpec, Metric]) -> None:
-        name = [job.name]
-        durable = [gen for gen in job.generations if gen.tier == DURABLE]
+    @classmethod
+    def _job(cls, job: JobState, out: dict[MetricSpec, Metric]) -> None:
         newest = newest_committed(job)
-        if newest is not None:
-            out[LAST_COMMITTED_TIMESTAMP].add_metric(name, newest.commit_time or 0.0)
-            if newest.step is not None:
-                out[LAST_COMMITTED_STEP].add_metric(name, newest.step)
-            out[LAST_COMMITTED_SIZE].add_metric(name, newest.bytes)
-            out[LAST_COMMITTED_FILES].add_metric(name, newest.files)
-        if job.last_committed_valid is not None:
-            out[LAST_COMMITTED_VALID].add_metric(name, 1 if job.last_committed_valid else 0)
+        if scanned(job, DURABLE):  # else another process reads the tree (--scope, --shard)
+            cls._from_tree(job, newest, out)
+        cls._from_clocks(job, newest, out)
+
+    @staticmethod
+    def _from_clocks(
+        job: JobState, newest: Generation | None, out: dict[MetricSpec, Metric]
+    ) -> None:
+        """The newest save's phases and the save-duration accounting: this node's ranks' clocks
+        from the spool (a node-scope process has these alone), else the durable tier's mtimes."""
+        name = [job.name]
         phases = dict(job.last_phases)
         if not phases and newest is not None and newest.commit_time is not None:
             phases = {"total": max(0.0, newest.commit_time - newest.start_time)}  # disk only
@@ -188,6 +198,24 @@ class CheckpointsCollector(SnapshotCollector):
             out[LAST_SAVE_WRITE_END].add_metric(name, job.last_write_end)
         if job.last_write_spread is not None:
             out[LAST_SAVE_WRITE_SPREAD].add_metric(name, job.last_write_spread)
+        out[DEADLINE_MISSES].add_metric(name, job.deadline_misses)
+        for phase, histogram in job.save_duration:
+            add_histogram(out[SAVE_DURATION], [job.name, phase], histogram)
+        out[SAVES_WITHIN_DEADLINE].add_metric(name, job.saves_within_deadline)
+
+    @staticmethod
+    def _from_tree(job: JobState, newest: Generation | None, out: dict[MetricSpec, Metric]) -> None:
+        """What the durable tier's generations say."""
+        name = [job.name]
+        durable = [gen for gen in job.generations if gen.tier == DURABLE]
+        if newest is not None:
+            out[LAST_COMMITTED_TIMESTAMP].add_metric(name, newest.commit_time or 0.0)
+            if newest.step is not None:
+                out[LAST_COMMITTED_STEP].add_metric(name, newest.step)
+            out[LAST_COMMITTED_SIZE].add_metric(name, newest.bytes)
+            out[LAST_COMMITTED_FILES].add_metric(name, newest.files)
+        if job.last_committed_valid is not None:
+            out[LAST_COMMITTED_VALID].add_metric(name, 1 if job.last_committed_valid else 0)
         writing = [gen for gen in durable if gen.state == WRITING]
         out[SAVES_IN_PROGRESS].add_metric(name, len(writing))
         out[OLDEST_SAVE_IN_PROGRESS_START].add_metric(
@@ -197,9 +225,6 @@ class CheckpointsCollector(SnapshotCollector):
             out[LAST_SAVE_START].add_metric(name, max(gen.start_time for gen in durable))
         out[SAVES_COMMITTED].add_metric(name, job.saves_committed)
         out[SAVES_ABORTED].add_metric(name, job.saves_aborted)
-        out[DEADLINE_MISSES].add_metric(name, job.deadline_misses)
-        for phase, histogram in job.save_duration:
-            add_histogram(out[SAVE_DURATION], [job.name, phase], histogram)
         retained = [gen for gen in durable if gen.state == COMMITTED and not gen.alias]
         out[RETAINED_GENERATIONS].add_metric(name, len(retained))
         out[RETAINED_BYTES].add_metric(

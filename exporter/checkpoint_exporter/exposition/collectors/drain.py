@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from prometheus_client.core import Metric
 
 from checkpoint_exporter.exposition.collectors.base import MetricSpec, SnapshotCollector
-from checkpoint_exporter.model import STAGING, Snapshot
+from checkpoint_exporter.model import DURABLE, STAGING, Snapshot, scanned
 
 _JOB = ("training_job",)
 DRAIN_BACKLOG_BYTES = MetricSpec(
@@ -59,8 +59,8 @@ class DrainCollector(SnapshotCollector):
     def collect(self, snapshot: Snapshot) -> Iterable[Metric]:
         families = [spec.family() for spec in self.specs]
         for job in snapshot.jobs:
-            if not any(path.tier == STAGING for path in job.paths):
-                continue
+            if not (scanned(job, STAGING) and scanned(job, DURABLE)):
+                continue  # one tier, or one read by another process (--scope): no drain here
             values = (
                 job.drain_backlog_bytes, job.drain_backlog_generations,
                 job.oldest_undrained_commit, job.staged_bytes, job.drained_bytes,

@@ -120,6 +120,14 @@ CONFIG_RELOAD_SUCCESS_TIME = MetricSpec(
     "gauge",
     "When the configuration was last loaded successfully.",
 )
+SHARD_INFO = MetricSpec(
+    "checkpoint_exporter_shard_info",
+    "gauge",
+    "What this process serves, when told (--scope, --shard): its scopes (node, shared or "
+    "node,shared) and its shard of the jobs by Prometheus' hashmod of the job name. Absent for "
+    "the default, one process serving everything.",
+    ("shard", "shards", "scope"),
+)
 
 
 class DaemonCollector(SnapshotCollector):
@@ -128,7 +136,7 @@ class DaemonCollector(SnapshotCollector):
         SCAN_OPERATIONS, SCAN_ERRORS, WATCH_OVERFLOWS, SCAN_DURATION, SPOOL_EVENTS, SPOOL_INVALID,
         SPOOL_DROPPED, SPOOL_DROPPED_BYTES, SPOOL_BACKLOG, SPOOL_POLL_SECONDS, DISCOVER_EXCESS,
         READY, FIRST_SCAN_DONE, FIRST_SCAN_ENTRIES, LAST_SCAN_SUCCESS, MOUNT_STUCK,
-        CONFIG_RELOAD_SUCCESSFUL, CONFIG_RELOAD_SUCCESS_TIME,
+        CONFIG_RELOAD_SUCCESSFUL, CONFIG_RELOAD_SUCCESS_TIME, SHARD_INFO,
     )  # fmt: skip
 
     def collect(self, snapshot: Snapshot) -> Iterable[Metric]:
@@ -172,4 +180,9 @@ class DaemonCollector(SnapshotCollector):
         ]
         if daemon.config_reload_success_time:
             out.append(CONFIG_RELOAD_SUCCESS_TIME.single(daemon.config_reload_success_time))
+        if daemon.shard_info is not None:
+            shard, shards, scope = daemon.shard_info
+            info = SHARD_INFO.family()
+            info.add_metric([str(shard), str(shards), scope], 1)
+            out.append(info)
         return out

@@ -65,6 +65,8 @@ class JobsCollector(SnapshotCollector):
         info, watch, deadline_bucket, *objectives = (spec.family() for spec in self.specs)
         for job in snapshot.jobs:
             for watched in job.paths:
+                if not watched.scanned:
+                    continue  # outside this process's scopes: another one watches it
                 info.add_metric([job.name, job.layout, watched.tier, watched.path], 1)
                 if watched.mode:
                     watch.add_metric([job.name, watched.tier, watched.mode], 1)
