@@ -1,6 +1,6 @@
 """The generated rules and dashboards: promtool accepts them, every alert is unit-tested both ways,
-annotated and documented with a link that resolves, the generator config really drives them, and
-the generators write only where they are told."""
+annotated and documented with a link that resolves, the generator config really drives them, the
+rules split by where they evaluate, and the generators write only where they are told."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from checkpoint_exporter.mixin import dashboards, rules
-from checkpoint_exporter.mixin.config import ALERTS, MixinConfig, load_mixin
+from checkpoint_exporter.mixin.config import ALERTS, SPLIT, MixinConfig, load_mixin
 from checkpoint_exporter.schema import ConfigError
 from checkpoint_exporter.units import parse_duration
 from tests.conftest import REPO, require_tool, run_cli, write_config
@@ -21,6 +21,8 @@ from tests.conftest import REPO, require_tool, run_cli, write_config
 pytestmark = [pytest.mark.prometheus]
 
 RULES = REPO / "alerts" / "checkpoint-exporter.rules.yaml"
+NODE_RULES = REPO / "alerts" / "split" / "checkpoint-exporter-node.rules.yaml"
+JOB_RULES = REPO / "alerts" / "split" / "checkpoint-exporter-job.rules.yaml"
 TESTS = sorted((REPO / "alerts" / "tests").glob("*.yaml"))
 
 
@@ -29,17 +31,106 @@ def alerts() -> dict[str, dict]:
     return {rule["alert"]: rule for group in groups for rule in group["rules"] if "alert" in rule}
 
 
-def test_promtool_checks_and_unit_tests_pass() -> None:
+def rule_count(path: Path) -> int:
+    return sum(len(group["rules"]) for group in yaml.safe_load(path.read_text())["groups"])
+
+
+def test_promtool_checks_and_unit_tests_pass(tmp_path: Path) -> None:
     promtool = require_tool("promtool")
-    check = subprocess.run([promtool, "check", "rules", str(RULES)], capture_output=True, text=True)
-    assert check.returncode == 0, check.stdout + check.stderr
-    assert (
-        f"SUCCESS: {len(ALERTS) + len(rules._recording(MixinConfig()))} rules found" in check.stdout
-    )
-    tested = subprocess.run(
-        [promtool, "test", "rules", *map(str, TESTS)], capture_output=True, text=True, timeout=120
-    )
-    assert tested.returncode == 0, tested.stdout + tested.stderr
+    for path in (RULES, NODE_RULES, JOB_RULES):
+        check = subprocess.run(
+            [promtool, "check", "rules", str(path)], capture_output=True, text=True
+        )
+        assert check.returncode == 0, check.stdout + check.stderr
+        assert f"SUCCESS: {rule_count(path)} rules found" in check.stdout
+    assert rule_count(NODE_RULES) + rule_count(JOB_RULES) == rule_count(RULES) > len(ALERTS)
+    # As committed, each test file runs against the split file that holds its rules alone; then
+    # every one of them again against the single file, the one-Prometheus shape.
+    single = []
+    for path in TESTS:
+        test = yaml.safe_load(path.read_text())
+        test["rule_files"] = [str(RULES)]
+        (tmp_path / path.name).write_text(yaml.safe_dump(test))
+        single.append(tmp_path / path.name)
+    for files in (TESTS, single):
+        tested = subprocess.run(
+            [promtool, "test", "rules", *map(str, files)],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert tested.returncode == 0, tested.stdout + tested.stderr
+
+
+def groups_of(path: Path) -> list[dict]:
+    return yaml.safe_load(path.read_text())["groups"]
+
+
+def test_the_split_files_hold_the_single_files_groups_each_where_it_can_evaluate() -> None:
+    """Per-node groups read one exporter's series and keep its instance, so any Prometheus shard
+    evaluates them; per-job groups reduce every exporter's view of a job. Neither reads the
+    other's recorded series: a shard has no per-job records, a global ruler need not have the
+    shards' records."""
+    node, job = groups_of(NODE_RULES), groups_of(JOB_RULES)
+    assert node + job == groups_of(RULES)
+    assert [g["name"] for g in node] == [
+        "checkpoint-exporter.node.rules",
+        "checkpoint-exporter.node.alerts",
+    ]
+    assert [g["name"] for g in job] == [
+        "checkpoint-exporter.job.rules",
+        "checkpoint-exporter.job.alerts",
+    ]
+    node_alerts = {r["alert"] for g in node for r in g["rules"] if "alert" in r}
+    assert node_alerts == rules.NODE_ALERTS
+    recorded = {
+        scope: {r["record"] for g in groups for r in g["rules"] if "record" in r}
+        for scope, groups in (("node", node), ("job", job))
+    }
+    for scope, groups, other in (("node", node, recorded["job"]), ("job", job, recorded["node"])):
+        for rule in (r for g in groups for r in g["rules"]):
+            name = rule.get("record") or rule["alert"]
+            assert not [r for r in other if r in rule["expr"]], (
+                f"{scope} {name} reads the other scope"
+            )
+            if scope == "node":
+                for labels in re.findall(r"\b(?:by|on) \(([^)]*)\)", rule["expr"]):
+                    assert "instance" in labels, f"{name} aggregates across exporters: {labels}"
+    # Every alert on a job as a whole is per job: the ones that deduplicate across nodes.
+    for name in rules.NODE_ALERTS:
+        assert "by (cluster, training_job)" not in alerts()[name]["expr"], name
+
+
+def test_each_promtool_test_file_runs_against_one_scope() -> None:
+    """A node alert tested against the per-node file alone proves it needs nothing per job."""
+    for path in TESTS:
+        test = yaml.safe_load(path.read_text())
+        (rule_file,) = test["rule_files"]
+        scope = "node" if rule_file.endswith("-node.rules.yaml") else "job"
+        assert rule_file == f"../split/checkpoint-exporter-{scope}.rules.yaml", path.name
+        tested = {case["alertname"] for t in test["tests"] for case in t.get("alert_rule_test", [])}
+        assert tested <= (rules.NODE_ALERTS if scope == "node" else set(ALERTS) - rules.NODE_ALERTS)
+
+
+def test_the_split_layout_is_chosen_by_the_mixin_config(tmp_path: Path) -> None:
+    mixin = write_config(tmp_path, "rule_layout: split\n", "mixin.yaml")
+    assert load_mixin(str(mixin)).rule_layout == SPLIT
+    result = run_cli(
+        "rules", "--config.file", str(mixin), "--output-dir", str(tmp_path / "out"),
+        "--kubernetes-dir", str(tmp_path / "k8s"),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    written = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert written == ["checkpoint-exporter-job.rules.yaml", "checkpoint-exporter-node.rules.yaml"]
+    for scope in ("node", "job"):
+        path = tmp_path / "out" / f"checkpoint-exporter-{scope}.rules.yaml"
+        assert path.read_text() == (REPO / "alerts" / "split" / path.name).read_text()
+        manifest = yaml.safe_load((tmp_path / "k8s" / f"prometheusrule-{scope}.yaml").read_text())
+        assert manifest["spec"] == yaml.safe_load(path.read_text())
+        assert manifest["metadata"]["labels"]["checkpoint-exporter/rules"] == scope
+        # Every shard of a sharded Prometheus selects `prometheus: k8s`: never the per-job rules.
+        assert ("prometheus" in manifest["metadata"]["labels"]) == (scope == "node")
+    assert sorted(p.name for p in (tmp_path / "k8s").iterdir()) == [
+        "prometheusrule-job.yaml", "prometheusrule-node.yaml",
+    ]  # fmt: skip
 
 
 def test_every_alert_has_a_firing_and_a_quiet_unit_test() -> None:
@@ -81,9 +172,8 @@ def test_thresholds_come_from_the_exported_objectives() -> None:
         "checkpoint_restore_drill_max_age_seconds" in expressions["CheckpointRestoreDrillOverdue"]
     )
     assert rules.RETAINED_LIMIT in expressions["CheckpointRetentionExceeded"]
-    assert (
-        "checkpoint_deadline_bucket_info" in RULES.read_text()
-    )  # the SLO's bucket is the deadline
+    # The SLO counts saves against each job's own deadline, as the exporter judged them.
+    assert "checkpoint_saves_within_deadline_total" in RULES.read_text()
     # The one limit the mixin config sets itself: how old a job's view may get.
     stale_after = f"> {parse_duration(MixinConfig().stale_after):g}"
     assert expressions["CheckpointDataStale"].endswith(stale_after)
@@ -162,6 +252,7 @@ MIXIN_PROBLEMS = [
     ("event_window: 0s", "event_window: must be greater than zero"),
     ("stale_after: soon", "stale_after: invalid duration 'soon'"),
     ("drain_margin: 0.9", "drain_margin: must be a number of at least 1"),
+    ("rule_layout: both", "rule_layout: must be one of single, split; got 'both'"),
     ("severity: [CheckpointTooOld]", "severity: expected a mapping of alert name to value"),
     (
         "severity: {CheckpointTooOld: page}",

@@ -3,6 +3,7 @@ kustomize renders and real validators accept, and a container image build where 
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -165,6 +166,41 @@ def test_operator_objects_pass_the_operator_schemas(rendered: list[dict]) -> Non
     result = subprocess.run([node, str(script)], input=yaml.safe_dump_all(custom), text=True,
                             capture_output=True, timeout=120)  # fmt: skip
     assert result.returncode == 1 and "INVALID PrometheusRule" in result.stdout
+
+
+def test_the_split_rules_component_replaces_the_single_prometheusrule(tmp_path: Path) -> None:
+    """The cluster shape's overlay: the per-node rules for every Prometheus shard, the per-job
+    rules for a ThanosRuler, the same groups as the single PrometheusRule, and the operator's
+    schema accepts both."""
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    base = Path(os.path.relpath(KUBERNETES, overlay))  # kustomize refuses absolute paths
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump({
+        "namespace": "monitoring", "resources": [str(base)],
+        "components": [str(base / "components" / "split-rules")],
+    }))  # fmt: skip
+    result = subprocess.run(
+        [require_tool("kubectl"), "kustomize", str(overlay)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    rules = {
+        doc["metadata"]["name"]: doc
+        for doc in yaml.safe_load_all(result.stdout)
+        if doc and doc["kind"] == "PrometheusRule"
+    }
+    assert sorted(rules) == ["checkpoint-exporter-job", "checkpoint-exporter-node"]
+    node, job = rules["checkpoint-exporter-node"], rules["checkpoint-exporter-job"]
+    assert node["metadata"]["labels"]["prometheus"] == "k8s"  # every shard's ruleSelector
+    assert "prometheus" not in job["metadata"]["labels"]  # a shard must not evaluate these
+    assert job["metadata"]["labels"]["checkpoint-exporter/rules"] == "job"
+    assert node["metadata"]["namespace"] == job["metadata"]["namespace"] == "monitoring"
+    single = yaml.safe_load((KUBERNETES / "prometheusrule.yaml").read_text())
+    assert node["spec"]["groups"] + job["spec"]["groups"] == single["spec"]["groups"]
+    script = REPO / "tests" / "k8s" / "validate.mjs"
+    checked = subprocess.run([require_tool("node"), str(script)], text=True, capture_output=True,
+                             input=yaml.safe_dump_all([node, job]), timeout=120)  # fmt: skip
+    assert checked.returncode == 0, checked.stdout + checked.stderr
 
 
 def test_container_image_builds() -> None:

@@ -279,6 +279,12 @@ def test_pages_reach_the_webhook_and_every_panel_has_data(stack) -> None:
     except AssertionError:
         raise AssertionError("panels without data:\n" + "\n".join(missing_panels())) from None
 
+    # The deadline SLO from two series per job: the exporter's count of saves within the
+    # deadline and the histogram's total count, recorded for the live job.
+    within = 'checkpoint_saves_within_deadline_total{training_job="live"} > 0'
+    ratio = 'training_job:checkpoint_deadline_slo_errors:ratio_rate2h{training_job="live"}'
+    wait_for(lambda: query(prometheus, within) and query(prometheus, ratio), timeout=30, interval=1)
+
     # The three pages.
     workload.overrun.set()
     truncated = data / "broken" / "step-1" / "__0_0.distcp"

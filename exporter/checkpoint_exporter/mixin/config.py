@@ -2,7 +2,8 @@
 
 Thresholds are not here: they come from the objectives each exporter exports per job
 (``checkpoint_deadline_seconds`` ...). This holds what differs between Prometheus setups: the
-selector that finds the exporters, severities, ``for`` durations, the runbook location, the SLO.
+selector that finds the exporters, severities, ``for`` durations, the runbook location, the SLO,
+and whether the rules come as one file or split by where they must evaluate.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from checkpoint_exporter.schema import (
     Field,
     Parser,
+    choice,
     did_you_mean,
     positive_duration,
     read_mapping_file,
@@ -22,6 +24,13 @@ from checkpoint_exporter.units import parse_duration
 
 CRITICAL = "critical"  # pages
 WARNING = "warning"  # tickets
+
+# Where the rules go: one file for one Prometheus that scrapes every exporter, or a file of
+# per-node groups (any Prometheus shard) and a file of per-job groups (the Prometheus that sees
+# all of a job's exporters, or a Thanos / Mimir ruler).
+SINGLE = "single"
+SPLIT = "split"
+RULE_LAYOUTS = (SINGLE, SPLIT)
 
 # Every alert of DESIGN.md: severity, `for`, one-sentence summary.
 ALERTS: dict[str, tuple[str, str, str]] = {
@@ -66,6 +75,7 @@ class MixinConfig:
     stale_after: str = "5m"
     straggler_fraction: float = 0.25  # a node this share of the deadline behind the first
     drain_margin: float = 1.1  # arrival above drain by this factor means falling behind
+    rule_layout: str = SINGLE  # single | split: see RULE_LAYOUTS
     severity: dict[str, str] = field(default_factory=dict)  # alert -> severity override
     for_: dict[str, str] = field(default_factory=dict)  # alert -> `for` override ("for" in YAML)
 
@@ -140,6 +150,7 @@ _FIELDS = (
     Field("stale_after", _duration_string(positive_duration)),
     Field("straggler_fraction", _open_fraction),
     Field("drain_margin", _factor),
+    Field("rule_layout", choice(RULE_LAYOUTS)),
     Field("severity", _alert_settings(_severity)),
     Field("for", _alert_settings(_duration_string(parse_duration))),
 )

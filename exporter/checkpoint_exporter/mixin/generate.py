@@ -14,7 +14,7 @@ from pathlib import Path
 
 from checkpoint_exporter.exposition import metrics
 from checkpoint_exporter.mixin import dashboards, rules
-from checkpoint_exporter.mixin.config import MixinConfig
+from checkpoint_exporter.mixin.config import SINGLE, SPLIT, MixinConfig
 
 BEGIN = "<!-- BEGIN GENERATED: {name} (make generate) -->"
 END = "<!-- END GENERATED: {name} -->"
@@ -72,8 +72,10 @@ def outputs(mixin: MixinConfig) -> dict[str, dict[str, str]]:
     """What each generator writes: kind -> {file name: content}."""
     boards = {f"{uid}.json": dashboards.dashboard_json(uid, mixin) for uid in dashboards.DASHBOARDS}
     return {
-        "rules": {"checkpoint-exporter.rules.yaml": rules.to_yaml(rules.rule_groups(mixin))},
-        "prometheusrule": {"prometheusrule.yaml": rules.to_yaml(rules.prometheus_rule(mixin))},
+        "rules": {name: rules.to_yaml(doc) for name, doc in rules.rule_files(mixin).items()},
+        "prometheusrule": {
+            name: rules.to_yaml(doc) for name, doc in rules.prometheus_rules(mixin).items()
+        },
         "dashboards": boards,
         "dashboards-configmap": {"dashboards.yaml": _dashboards_configmap(boards)},
     }
@@ -91,23 +93,33 @@ def write_outputs(mixin: MixinConfig, targets: dict[str, Path]) -> list[Path]:
     return written
 
 
-def _committed() -> dict[str, Callable[[Path], str]]:
-    """Each generated file, relative to the repository root, and how to build it."""
-    built = outputs(MixinConfig())
-    where = {
+# Where each layout's outputs are committed (kind -> directory). Both rule layouts are: the
+# single file for one Prometheus, the split files (in their own directory, so that a glob over
+# alerts/*.yaml never loads a rule twice) for a sharded Prometheus with a global ruler, and the
+# split PrometheusRules as a kustomize component that replaces the single one.
+_WHERE = {
+    SINGLE: {
         "rules": "alerts",
         "prometheusrule": "deploy/kubernetes",
         "dashboards": "dashboards",
         "dashboards-configmap": "deploy/kubernetes",
-    }
+    },
+    SPLIT: {"rules": "alerts/split", "prometheusrule": "deploy/kubernetes/components/split-rules"},
+}
+
+
+def _committed() -> dict[str, Callable[[Path], str]]:
+    """Each generated file, relative to the repository root, and how to build it."""
     targets: dict[str, Callable[[Path], str]] = {
         "docs/metrics.md": _metrics_doc,
         # The exporter serves its runbooks at /runbooks, where the alerts' runbook_url points.
         "exporter/checkpoint_exporter/runbooks.md": _runbooks,
     }
-    for kind, files in built.items():
-        for name, content in files.items():
-            targets[f"{where[kind]}/{name}"] = lambda _root, content=content: content
+    for layout, where in _WHERE.items():
+        built = outputs(MixinConfig(rule_layout=layout))
+        for kind, directory in where.items():
+            for name, content in built[kind].items():
+                targets[f"{directory}/{name}"] = lambda _root, content=content: content
     return targets
 
 

@@ -8,6 +8,11 @@ shared filesystem export the same job: recording rules reduce them with ``max by
 Series that stop moving because an exporter cannot see a job (a hung mount) hold their last
 values: the alerts on the age of a timestamp would then fire on a job that may be saving fine, so
 they hold back while the job's view is stale, and CheckpointDataStale pages instead.
+
+The groups are split by where they can evaluate: per-node groups read one exporter's series and
+keep its instance (any Prometheus shard), per-job groups reduce every exporter's view of a job
+(the Prometheus that sees them all, or a global ruler). The mixin config's ``rule_layout`` puts
+them in one file or in one file per scope.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from checkpoint_exporter.mixin.config import ALERTS, MixinConfig
+from checkpoint_exporter.mixin.config import ALERTS, SINGLE, MixinConfig
 from checkpoint_exporter.units import parse_duration
 
 # Recording rules: level:metric:operation.
@@ -41,7 +46,31 @@ def slo_errors(window: str) -> str:
     return f"training_job:checkpoint_deadline_slo_errors:ratio_rate{window}"
 
 
-def _recording(c: MixinConfig) -> list[dict[str, str]]:
+def _node_recording(c: MixinConfig) -> list[dict[str, str]]:
+    """Rates and ratios of one exporter's own series: any Prometheus that scrapes it can record
+    them."""
+    s = "{" + c.selector + "}"
+    cl = c.cluster_label
+    return [
+        {"record": ARRIVAL, "expr": f"rate(checkpoint_staged_bytes_total{s}[30m])"},
+        {"record": DRAIN, "expr": f"rate(checkpoint_drained_bytes_total{s}[30m])"},
+        {"record": PEAK_FOOTPRINT, "expr": f"""sum by ({cl}, instance, mountpoint) (
+  (checkpoint_retained_generations_limit{s} + 1) * checkpoint_last_committed_size_bytes{s}
+  * on ({cl}, instance, training_job) group_left (mountpoint)
+    checkpoint_job_filesystem_info{{{c.selector},tier="durable"}}
+)
+/ on ({cl}, instance, mountpoint)
+max by ({cl}, instance, mountpoint) (
+  checkpoint_filesystem_size_bytes{s} * (1 - checkpoint_filesystem_reserve_ratio{s})
+)"""},
+        {"record": AVAIL_PREDICTED,
+         "expr": f"predict_linear(checkpoint_filesystem_avail_bytes{s}[6h], 86400)"},
+    ]  # fmt: skip
+
+
+def _job_recording(c: MixinConfig) -> list[dict[str, str]]:
+    """One value per job from every exporter that sees it: the Prometheus that scrapes all of
+    them, or a global ruler, records these."""
     s = "{" + c.selector + "}"
     cl = c.cluster_label
     dedupe = {
@@ -60,8 +89,6 @@ def _recording(c: MixinConfig) -> list[dict[str, str]]:
     rules += [
         {"record": WRITE_END_SPREAD,
          "expr": f"max by ({cl}, training_job) ({write_end}) - min by ({cl}, training_job) ({write_end})"},
-        {"record": ARRIVAL, "expr": f"rate(checkpoint_staged_bytes_total{s}[30m])"},
-        {"record": DRAIN, "expr": f"rate(checkpoint_drained_bytes_total{s}[30m])"},
         {"record": GENERATIONS_THAT_FIT, "expr": f"""floor(
   max by ({cl}, training_job) (
     (
@@ -74,34 +101,19 @@ def _recording(c: MixinConfig) -> list[dict[str, str]]:
   / on ({cl}, training_job)
   max by ({cl}, training_job) (checkpoint_last_committed_size_bytes{s})
 )"""},
-        {"record": PEAK_FOOTPRINT, "expr": f"""sum by ({cl}, instance, mountpoint) (
-  (checkpoint_retained_generations_limit{s} + 1) * checkpoint_last_committed_size_bytes{s}
-  * on ({cl}, instance, training_job) group_left (mountpoint)
-    checkpoint_job_filesystem_info{{{c.selector},tier="durable"}}
-)
-/ on ({cl}, instance, mountpoint)
-max by ({cl}, instance, mountpoint) (
-  checkpoint_filesystem_size_bytes{s} * (1 - checkpoint_filesystem_reserve_ratio{s})
-)"""},
-        {"record": AVAIL_PREDICTED,
-         "expr": f"predict_linear(checkpoint_filesystem_avail_bytes{s}[6h], 86400)"},
         # 0 before the tier's first pass: CheckpointExporterNotReady covers that time.
         {"record": LAST_SCAN_SUCCESS,
          "expr": f"max by ({cl}, training_job, tier) (checkpoint_exporter_last_scan_timestamp_seconds{s} > 0)"},
     ]  # fmt: skip
+    # Every save the histogram observes is counted within the deadline or missed: two series
+    # per job, where the deadline's histogram bucket needed a join over every bucket series.
+    saves = f'checkpoint_save_duration_seconds_count{{{c.selector},phase="total"}}'
     for window in SLO_WINDOWS:
-        # The deadline's own bucket: checkpoint_deadline_bucket_info names its `le`.
-        within = f"""max by ({cl}, training_job) (
-    rate(checkpoint_save_duration_seconds_bucket{{{c.selector},phase="total"}}[{window}])
-    * on ({cl}, instance, training_job, le)
-      label_replace(checkpoint_deadline_bucket_info{s}, "le", "$1", "bucket", "(.*)")
-  )"""
-        total = f"""max by ({cl}, training_job) (
-    rate(checkpoint_save_duration_seconds_count{{{c.selector},phase="total"}}[{window}])
-  )"""
+        within = f"max by ({cl}, training_job) (rate(checkpoint_saves_within_deadline_total{s}[{window}]))"
+        total = f"max by ({cl}, training_job) (rate({saves}[{window}]))"
         rules.append(
             {"record": slo_errors(window), "expr": f"1 - (\n  {within}\n  /\n  {total}\n)"}
-        )
+        )  # fmt: skip
     return rules
 
 
@@ -109,6 +121,13 @@ def stale_views(c: MixinConfig, tier: str | None = None) -> str:
     """The job tiers (one ``tier``, or any) whose freshest view is older than ``stale_after``."""
     selector = f'{{tier="{tier}"}}' if tier else ""
     return f"time() - {LAST_SCAN_SUCCESS}{selector} > {parse_duration(c.stale_after):g}"
+
+
+def stale_here(c: MixinConfig) -> str:
+    """The job tiers whose view by this exporter is older than ``stale_after``: what a per-node
+    rule can know, since it does not see the other exporters' views."""
+    last_scan = f"checkpoint_exporter_last_scan_timestamp_seconds{{{c.selector}}}"
+    return f"time() - ({last_scan} > 0) > {parse_duration(c.stale_after):g}"
 
 
 def _alert_exprs(c: MixinConfig) -> dict[str, str]:
@@ -144,7 +163,8 @@ def _alert_exprs(c: MixinConfig) -> dict[str, str]:
         ),
         "CheckpointDrainStalled": (
             f"(time() - (checkpoint_oldest_undrained_commit_timestamp_seconds{s} > 0)\n"
-            f"> checkpoint_interval_seconds{s} + checkpoint_deadline_seconds{s})\n{unless_stale}"
+            f"> checkpoint_interval_seconds{s} + checkpoint_deadline_seconds{s})\n"
+            f"unless on ({cl}, instance, training_job)\n  ({stale_here(c)})"
         ),
         "CheckpointCapacityLow": f"{GENERATIONS_THAT_FIT} < 1",
         "CheckpointCapacityFillingUp": (
@@ -211,10 +231,24 @@ _DESCRIPTIONS = {
 }  # fmt: skip
 
 
-def _alerts(c: MixinConfig) -> list[dict[str, Any]]:
+# Alerts on one exporter's own series, each keeping its instance: any Prometheus shard that
+# scrapes the exporter evaluates them. Every other alert is on a training_job as a whole, from
+# every exporter that sees it (deduplicated, compared across nodes): per job.
+NODE_ALERTS = frozenset({
+    "CheckpointDrainFallingBehind", "CheckpointDrainStalled", "CheckpointCapacityFillingUp",
+    "CheckpointExporterDown", "CheckpointCollectorFailing", "CheckpointStorageClockSkew",
+    "CheckpointMountStuck", "CheckpointExporterBadConfig", "CheckpointExporterNotReady",
+})  # fmt: skip
+NODE, JOB = "node", "job"
+SCOPES = (NODE, JOB)
+
+
+def _alerts(c: MixinConfig, scope: str) -> list[dict[str, Any]]:
     exprs = _alert_exprs(c)
     rules = []
     for name, (_, _, summary) in ALERTS.items():
+        if (name in NODE_ALERTS) != (scope == NODE):
+            continue
         description = (
             _DESCRIPTIONS[name]
             .replace("{window}", c.event_window)
@@ -236,33 +270,75 @@ def _alerts(c: MixinConfig) -> list[dict[str, Any]]:
     return rules
 
 
-def rule_groups(config: MixinConfig | None = None) -> dict[str, Any]:
-    """The Prometheus rule file: recording rules, then alerts."""
+def group_name(scope: str, kind: str) -> str:
+    """``checkpoint-exporter.node.rules`` ... : the group's name says where it evaluates."""
+    return f"checkpoint-exporter.{scope}.{kind}"
+
+
+def rule_groups(config: MixinConfig | None = None, scope: str | None = None) -> dict[str, Any]:
+    """A Prometheus rule file: the per-node groups, then the per-job groups (or one scope's).
+    Each scope's recording rules come before its alerts, which read only their own scope's
+    records: a per-node file evaluates where no per-job series exist."""
     c = config or MixinConfig()
-    return {
-        "groups": [
-            {"name": "checkpoint-exporter.rules", "rules": _recording(c)},
-            {"name": "checkpoint-exporter.alerts", "rules": _alerts(c)},
-        ]
-    }
+    recording = {NODE: _node_recording(c), JOB: _job_recording(c)}
+    groups = []
+    for each in SCOPES if scope is None else (scope,):
+        groups.append({"name": group_name(each, "rules"), "rules": recording[each]})
+        groups.append({"name": group_name(each, "alerts"), "rules": _alerts(c, each)})
+    return {"groups": groups}
 
 
-def prometheus_rule(config: MixinConfig | None = None) -> dict[str, Any]:
-    """The same groups as a prometheus-operator PrometheusRule."""
+def rule_files(config: MixinConfig | None = None) -> dict[str, dict[str, Any]]:
+    """The rule files of the config's layout, by file name."""
+    c = config or MixinConfig()
+    if c.rule_layout == SINGLE:
+        return {"checkpoint-exporter.rules.yaml": rule_groups(c)}
+    return {f"checkpoint-exporter-{scope}.rules.yaml": rule_groups(c, scope) for scope in SCOPES}
+
+
+# Prometheus.spec.ruleSelector picks nothing by default: it matches these labels. The per-job
+# rules of the split layout lack `prometheus: k8s`, so every shard of a sharded Prometheus
+# does not load them; a ThanosRuler (or one Prometheus that sees every node) selects them by
+# `checkpoint-exporter/rules: job`.
+_RULE_LABELS = {"prometheus": "k8s", "role": "alert-rules"}
+
+
+def _prometheus_rule(name: str, labels: dict[str, str], spec: dict[str, Any]) -> dict[str, Any]:
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PrometheusRule",
         "metadata": {
-            "name": "checkpoint-exporter",
+            "name": name,
             "labels": {
                 "app.kubernetes.io/name": "checkpoint-exporter",
                 "app.kubernetes.io/component": "alerting",
-                # Prometheus.spec.ruleSelector picks nothing by default; match this label there.
-                "prometheus": "k8s",
-                "role": "alert-rules",
+                **labels,
             },
         },
-        "spec": rule_groups(config),
+        "spec": spec,
+    }
+
+
+def prometheus_rules(config: MixinConfig | None = None) -> dict[str, dict[str, Any]]:
+    """The same groups as prometheus-operator PrometheusRules, by file name."""
+    c = config or MixinConfig()
+    if c.rule_layout == SINGLE:
+        return {
+            "prometheusrule.yaml": _prometheus_rule(
+                "checkpoint-exporter", _RULE_LABELS, rule_groups(c)
+            )
+        }
+    return {
+        "prometheusrule-node.yaml": _prometheus_rule(
+            "checkpoint-exporter-node",
+            {**_RULE_LABELS, "checkpoint-exporter/rules": NODE},
+            rule_groups(c, NODE),
+        ),
+        "prometheusrule-job.yaml": _prometheus_rule(
+            "checkpoint-exporter-job",
+            {"role": "alert-rules", "checkpoint-exporter/rules": JOB},
+            rule_groups(c, JOB),
+        ),
     }
 
 
