@@ -100,9 +100,9 @@ def write_outputs(mixin: MixinConfig, targets: dict[str, Path]) -> list[Path]:
 _WHERE = {
     SINGLE: {
         "rules": "alerts",
-        "prometheusrule": "deploy/kubernetes",
+        "prometheusrule": "deploy/kubernetes/base",
         "dashboards": "dashboards",
-        "dashboards-configmap": "deploy/kubernetes",
+        "dashboards-configmap": "deploy/kubernetes/base",
     },
     SPLIT: {"rules": "alerts/split", "prometheusrule": "deploy/kubernetes/components/split-rules"},
 }
