@@ -377,16 +377,16 @@ def _mounts(template: dict) -> dict[str, dict]:
 
 
 def test_the_cluster_daemonset_reads_only_this_node(cluster: list[dict]) -> None:
-    """--scope=node, and of the shared filesystem only the discover roots, read-only: the
-    exporter lists them for the names of its jobs and reads nothing below (config: scope)."""
+    """--scope=node, and nothing of the shared filesystem mounted: the names of the jobs under
+    a shared discover root come from the spool (config: scope: shared)."""
     template = _one(cluster, "DaemonSet")["spec"]["template"]
     argv = template["spec"]["containers"][0]["args"]
     assert _serving(argv) == Serving(frozenset({NODE}))
-    roots = {root["root"] for root in _config(cluster)["discover"]}
+    assert all(root.get("scope") == "shared" for root in _config(cluster)["discover"])
     mounts = _mounts(template)
     assert set(mounts) == {"/etc/checkpoint-exporter", "/host/proc", "/host/sys",
-                           "/var/lib/checkpoint-exporter/spool", *roots}  # fmt: skip
-    assert all(mounts[root]["readOnly"] for root in roots)
+                           "/var/lib/checkpoint-exporter/spool"}  # fmt: skip
+    assert "checkpoints" not in {v["name"] for v in template["spec"]["volumes"]}
 
 
 def _shards(docs: list[dict], tmp_path: Path) -> int:

@@ -255,6 +255,35 @@ jobs:
         assert code == 0 and took < 2
 
 
+@pytest.mark.root
+@pytest.mark.daemon
+def test_a_node_scope_process_finds_a_shared_roots_jobs_in_its_spool(
+    tmp_path: Path, exporter
+) -> None:
+    """A discover root marked shared, on a mount that hangs on every lookup: a node-scope
+    process learns the jobs whose ranks run on this node from its spool's job directories, so
+    the DaemonSet need not mount the shared root at all, and never touches it."""
+    from tests.faults.hungfs import hung_mount
+
+    spool = tmp_path / "spool"
+    with hung_mount(tmp_path / "hung") as hung:
+        config = write_config(tmp_path, f"""
+spool: {spool}
+discover: [{{root: {hung}, scope: shared, poll_interval: 1s}}]
+""")  # fmt: skip
+        served = exporter("--config.file", str(config), "--scope=node")
+        _save_events(spool, "jobx", 4)  # its directory appears: the job is found (as history)
+        wait_for(lambda: served.value("checkpoint_deadline_seconds", training_job="jobx"), 15)
+        _save_events(spool, "jobx", 5)  # a save of the job now known is counted
+        count = "checkpoint_save_duration_seconds_count"
+        wait_for(lambda: served.value(count, training_job="jobx", phase="total") == 1, 15)
+        text = served.metrics()
+        assert sample(text, "checkpoint_exporter_mount_stuck", mountpoint=str(hung)) is None
+        assert "cannot list discover root" not in "".join(served.drain_log())
+        code, took = served.stop()
+        assert code == 0 and took < 2
+
+
 @pytest.mark.daemon
 def test_shards_split_the_shared_jobs_disjointly_and_completely(tmp_path: Path, exporter) -> None:
     names = [f"job-{index}" for index in range(8)]

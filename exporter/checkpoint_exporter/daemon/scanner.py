@@ -792,6 +792,11 @@ class Scanner:
         self._timers.at(("discover", str(index)), now + discovery.entry.policy.poll_interval)
         if discovery.listing:
             return
+        if discovery.entry.policy.scope == SHARED and SHARED not in self.serving.scopes:
+            # A node-scope process never touches a shared root, not even to list it: the jobs
+            # whose ranks run here are the ones writing into this node's spool.
+            self._listed(_Listed(discovery, sorted(self.spool.job_directories)))
+            return
         root = str(discovery.entry.root)
         worker = self._worker(self._lexical_mount(root))
         if worker.stuck:
@@ -801,8 +806,9 @@ class Scanner:
         self._timers.soon(("stuck", worker.mountpoint), now + STUCK_SECONDS)
 
     def _lists(self, entry: DiscoverConfig) -> bool:
-        """Whether this process lists the root: a root of node scope is left to the node-scope
-        processes; any other is listed (a node-scope process learns its jobs' names from it)."""
+        """Whether this process discovers jobs under the root: a root of node scope is left to
+        the node-scope processes; a node-scope process learns the names under a shared root from
+        its spool, under an auto one by listing it."""
         return entry.policy.scope != NODE or NODE in self.serving.scopes
 
     def _listed(self, listed: _Listed) -> None:
@@ -835,7 +841,9 @@ class Scanner:
                 log.info("forgetting job=%s: gone from %s", name, root)
                 self._remove(name)
         tracked = [n for n in tracked if n in self._sources]
-        candidates = sorted(present - set(tracked))
+        candidates = sorted(
+            present - set(self._sources)
+        )  # a name found under another root stays there
         slots = max(0, entry.max_jobs - len(tracked))
         for name in candidates[:slots]:
             self._add(name, (WatchedPath(DURABLE, os.path.join(root, name)),), entry.policy, root)

@@ -244,6 +244,11 @@ class SpoolReader:
         self._unknown[name] = _Unknown(clock, history=history)
         heapq.heappush(self._due, (clock, name))
 
+    @property
+    def job_directories(self) -> frozenset[str]:
+        """The names of the spool's job directories at its last listing (no I/O)."""
+        return self._names
+
     def _subdirectories(self, root: int) -> list[str]:
         with os.scandir(root) as entries:
             return [e.name for e in entries if e.is_dir(follow_symlinks=False)]
