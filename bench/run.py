@@ -9,7 +9,8 @@ the tables of the benchmarks that ran into docs/performance.md (between its benc
   metadata  metadata operations while a 4,096-rank save runs (metadata.py)
   sampler   telemetry sampler CPU at 1 Hz: 8 NICs, 4 IB ports, 8 GPUs (sampler.py)
   load      50 concurrent scrapers for 60 s, 200 jobs, saves continuing (load.py)
-  rules     the shipped rules evaluated by Prometheus over 2,048 nodes x 16 jobs (rules.py)
+  rules     the split rules evaluated by Prometheus over 2,048 node-scope exporters x 16 jobs
+            and two shared-scope replicas (rules.py)
 """
 
 from __future__ import annotations
@@ -183,21 +184,44 @@ def run_load(args: argparse.Namespace) -> str:
 
 
 def run_rules(args: argparse.Namespace) -> str:
-    from rules import bench_rules
+    from rules import REPLICAS, bench_rules, metadata_walkers
 
-    row = bench_rules(args.nodes, 16)
-    _write("rules", row)
-    groups = row["rule_groups_seconds"]
-    return _table(
-        ["nodes", "jobs", "series", "series/node", "MB per scrape round", "scrape s/target",
-         *[f"{name} eval s" for name in groups], "Prometheus RSS MB"],
-        [[str(row["nodes"]), str(row["jobs"]), f"{row['head_series']:,.0f}",
-          str(row["series_per_node"]), f"{row['exposition_mb']:.0f}",
-          f"{row['scrape_seconds_per_target']:.1f}", *[f"{v:.2f}" for v in groups.values()],
-          f"{row['prometheus_rss_mb']:.0f}"]],
-    ) + "\n\nSlowest rules (seconds per evaluation): " + ", ".join(
-        f"{name} {seconds:.2f}" for name, seconds in row["slowest_rules"]
+    rows = [bench_rules(args.nodes, 16, ingest=ingest) for ingest in args.rules_ingest]
+    metadata = RESULTS / "metadata.json"
+    walkers = (
+        metadata_walkers(json.loads(metadata.read_text())["results"], args.nodes, REPLICAS)
+        if metadata.exists()
+        else None
+    )
+    _write("rules", {"rows": rows, "metadata_walkers": walkers})
+    groups = sorted({name for row in rows for name in row["rule_groups_seconds"]})
+    table = _table(
+        ["nodes x jobs", "kept of the nodes' series", "series/node", "series/replica",
+         "head series", "MB per scrape round", "scrape s/target",
+         *[f"{name} eval s, median (max)" for name in groups], "Prometheus RSS MB"],
+        [[f"{row['nodes']} x {row['jobs']}", str(row["ingest"]),
+          f"{row['series_kept_per_node']} of {row['series_per_node']}",
+          str(row["series_per_replica"]), f"{row['head_series']:,.0f}",
+          f"{row['exposition_mb']:.0f}", f"{row['scrape_seconds_per_target']:.1f}",
+          *[f"{row['rule_groups_seconds'][name]:.2f} ({row['rule_groups_max_seconds'][name]:.2f})"
+            for name in groups],
+          f"{row['prometheus_rss_mb']:.0f}"] for row in rows],
     )  # fmt: skip
+    notes = [
+        f"Slowest rules, {row['ingest']} (seconds per evaluation): "
+        + ", ".join(f"{name} {seconds:.2f}" for name, seconds in row["slowest_rules"])
+        for row in rows
+    ]
+    if walkers is not None:
+        notes.append(
+            "Metadata operations on the shared filesystem, computed (the metadata bench's "
+            f"polled NFS save, {walkers['operations_per_save_per_walker']:,.0f} operations at "
+            f"{walkers['ops_per_second_per_walker']:,.0f}/s per walker, times the walkers): "
+            f"every node walking the tree, {walkers['walkers_before']:,} walkers, "
+            f"{walkers['ops_per_second_before']:,.0f}/s during a save; the shard's "
+            f"{walkers['walkers_after']} replicas, {walkers['ops_per_second_after']:,.0f}/s."
+        )
+    return table + "\n\n" + "\n\n".join(notes)
 
 
 RUNNERS: dict[str, Callable[[argparse.Namespace], str]] = {
@@ -242,6 +266,11 @@ def main() -> None:
     parser.add_argument("--load-scrapers", type=int, default=50)
     parser.add_argument("--load-jobs", type=int, default=200)
     parser.add_argument("--nodes", type=int, default=2048)
+    parser.add_argument(
+        "--rules-ingest", nargs="+",
+        default=["everything", "node buckets dropped", "node series the rules read"],
+        help="what Prometheus keeps of the nodes' series, one rules row each (bench/rules.py)",
+    )  # fmt: skip
     args = parser.parse_args()
     tables = {}
     for name in args.only:

@@ -21,6 +21,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 import detect  # noqa: E402
 import metadata  # noqa: E402
+import rules  # noqa: E402
 import scan  # noqa: E402
 import scrape  # noqa: E402
 from tree import Shape  # noqa: E402
@@ -78,3 +79,44 @@ def test_metadata_smoke_a_save_costs_its_new_files_not_the_tree() -> None:
     # their directories: the descent is gated by directory mtimes, so a save is O(new files).
     assert large["operations"] - small["operations"] < 0.5 * 14 * 257
     assert small["operations"] >= 2 * 257  # each new file statted when it appears and at commit
+
+
+# Generation-derived series: only the shared scanners export them; the spool's clocks and the
+# window telemetry: only the nodes.
+FROM_THE_TREE = ("checkpoint_last_committed_timestamp_seconds", "checkpoint_retained_generations")
+FROM_THE_NODE = (
+    "checkpoint_last_save_local_write_end_timestamp_seconds",
+    "checkpoint_last_save_gpu_utilization_ratio",
+)
+
+
+def _families(lines: list[str]) -> set[str]:
+    return {line.partition("{")[0].partition(" ")[0] for line in lines}
+
+
+def test_rules_smoke_the_fleet_shape_every_series_and_every_group() -> None:
+    node, shared = rules.exposition(3, "node"), rules.exposition(3, "shared")
+    assert not _families(node) & set(FROM_THE_TREE) and set(FROM_THE_NODE) <= _families(node)
+    assert set(FROM_THE_TREE) <= _families(shared) and not _families(shared) & set(FROM_THE_NODE)
+    # The per-phase histograms are in the nodes' exposition, buckets and all.
+    assert rules.bucket_lines(node) == 3 * 5 * 11
+
+    everything, dropped = (
+        rules.bench_rules(4, 3, targets=2, evaluation_interval=1, rounds=2, ingest=ingest)
+        for ingest in ("everything", "node buckets dropped")
+    )
+    assert set(everything["rule_groups_seconds"]) == {
+        f"checkpoint-exporter.{scope}.{kind}"
+        for scope in ("node", "job")
+        for kind in ("rules", "alerts")
+    }
+    assert all(seconds > 0 for seconds in everything["rule_groups_seconds"].values())
+    # Every node and both replicas were ingested; the relabelling drops exactly the nodes' buckets.
+    assert everything["head_series"] >= 4 * len(node) + rules.REPLICAS * len(shared)
+    # (give or take the few ALERTS series a round more or less made pending)
+    dropped_buckets = everything["head_series"] - dropped["head_series"]
+    assert abs(dropped_buckets - 4 * rules.bucket_lines(node)) <= 0.02 * 4 * rules.bucket_lines(
+        node
+    )
+    assert dropped["series_kept_per_node"] == len(node) - rules.bucket_lines(node)
+    assert everything["prometheus_rss_mb"] > 0 and everything["exposition_mb"] > 0
