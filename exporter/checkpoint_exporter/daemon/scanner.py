@@ -74,6 +74,7 @@ from checkpoint_exporter.sources.watch import (
     choose_mode,
     is_network,
     mount_of,
+    mount_of_name,
     read_mounts,
 )
 
@@ -1369,18 +1370,6 @@ def _entries(tier: _Tier) -> int:
     if tier.first_done:
         return tier.first_entries
     return tier.reader.entries_read if tier.reader is not None else 0
-
-
-def mount_of_name(path: str, mounts: list[Mount]) -> Mount | None:
-    """The mount an absolute path lies on by its name: the longest mount point containing it
-    (no system call, so nothing waits on a hung filesystem)."""
-    best = None
-    for mount in mounts:
-        point = mount.mountpoint.rstrip("/") or "/"
-        inside = path == point or path.startswith(point if point == "/" else point + "/")
-        if inside and (best is None or len(point) >= len(best.mountpoint.rstrip("/") or "/")):
-            best = mount
-    return best
 
 
 def _below(root: str, paths: Collection[str]) -> list[str]:

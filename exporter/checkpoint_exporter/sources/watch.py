@@ -70,12 +70,17 @@ def read_mounts(procfs: Path) -> list[Mount]:
 
 
 def mount_of(path: str, mounts: list[Mount]) -> Mount | None:
-    """The mount a path lives on: the longest mount point that contains it."""
-    real = os.path.realpath(path)
+    """The mount a path lives on, its symlinks resolved (which stats it)."""
+    return mount_of_name(os.path.realpath(path), mounts)
+
+
+def mount_of_name(path: str, mounts: list[Mount]) -> Mount | None:
+    """The mount an absolute path lies on by its name: the longest mount point containing it
+    (no system call, so nothing waits on a hung filesystem)."""
     best = None
     for mount in mounts:
         point = mount.mountpoint.rstrip("/") or "/"
-        inside = real == point or real.startswith(point if point == "/" else point + "/")
+        inside = path == point or path.startswith(point if point == "/" else point + "/")
         if inside and (best is None or len(point) >= len(best.mountpoint.rstrip("/") or "/")):
             best = mount
     return best
