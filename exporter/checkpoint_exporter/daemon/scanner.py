@@ -505,11 +505,18 @@ class Scanner:
             self._wake.wait(timeout=min(HEARTBEAT_SECONDS, max(0.0, wait)))
 
     def _turn(self) -> None:
+        items = []
         while True:
             try:
-                item = self._inbox.get_nowait()
+                items.append(self._inbox.get_nowait())
             except queue.Empty:
                 break
+        if NODE in self.serving.scopes and any(isinstance(i, (_Read, list)) for i in items):
+            # The spool before the disk: a save's events are filed before its commit is applied,
+            # or an instrumented save whose commit is read first is counted twice (once from the
+            # disk alone, once from its events).
+            self._read_spool()
+        for item in items:
             self._receive(item)
         self._apply_verdicts()
         now = time.monotonic()
