@@ -99,6 +99,20 @@ def test_events_first_then_disk_does_not_count_twice() -> None:
     assert hist(tracker, "total").count == 1
 
 
+def test_events_read_after_a_disk_only_commit_do_not_count_the_save_again() -> None:
+    """The spool fell behind (a flood, the per-poll budget): the save's commit was read from the
+    disk before any of its events, so the disk timed it alone. Its events, read later, set the
+    phase gauges but must not count the save a second time."""
+    tracker = job(deadline=5)
+    tracker.observe(DURABLE, [Found("step-10", 10, COMMITTED, T, T + 4, T + 4, 10, 1)], T + 4)
+    assert hist(tracker, "total").count == 1
+    feed(tracker, save(0, T, T + 1, T + 1, T + 3, T + 4), T + 6)
+    state = tracker.state()
+    assert hist(tracker, "total").count == 1 and "pause" not in dict(state.save_duration)
+    assert state.saves_committed == 1 and state.saves_within_deadline == 1
+    assert dict(state.last_phases)["pause"] == 1.0  # the gauges take the ranks' account
+
+
 def test_an_uninstrumented_save_is_timed_from_disk() -> None:
     tracker = job()
     tracker.observe(DURABLE, [Found("step-30", 30, COMMITTED, T, T + 3, T + 3, 10, 1)], T + 4)

@@ -605,12 +605,16 @@ class JobTracker:
                 del self.clocks.saves[key]
                 settled = True
                 if timeline.committed:
-                    self._account(timeline.phases(), timeline.live, key, timeline)
+                    # Counted already when the disk showed the commit before any of its events
+                    # (the spool behind): the ranks' account then sets the gauges only.
+                    live = timeline.live and key not in self._accounted
+                    self._account(timeline.phases(), live, key, timeline)
             elif now - timeline.first_seen > expired:
                 del self.clocks.saves[key]  # some rank never reported: fall back to the disk
                 settled = True
                 if timeline.disk_total is not None:
-                    self._account({"total": timeline.disk_total}, timeline.live, key, timeline)
+                    live = timeline.live and key not in self._accounted
+                    self._account({"total": timeline.disk_total}, live, key, timeline)
         for key, run in list(self.clocks.restores.items()):
             if run.finished:
                 del self.clocks.restores[key]
