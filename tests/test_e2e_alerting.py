@@ -13,13 +13,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import threading
 import time
-import urllib.parse
-import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -29,53 +25,13 @@ from checkpoint_exporter import instrument
 from checkpoint_exporter.mixin import dashboards
 from checkpoint_exporter.mixin.config import ALERTS
 from tests.conftest import CLI, REPO, Exporter, require_tool, wait_for, write_config
+from tests.helpers.alerting import Webhook, free_port, query, stop
 from tests.helpers.node import FakeNode
 from tests.helpers.trees import dcp_generation
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.daemon]
 
 MB = 1e6
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-class Webhook:
-    """Alertmanager's receiver: collects every notification posted to it."""
-
-    def __init__(self) -> None:
-        received = self.received = []
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                received.append(json.loads(body))
-                self.send_response(200)
-                self.end_headers()
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def firing(self) -> dict[str, set[str]]:
-        out: dict[str, set[str]] = {}
-        for message in self.received:
-            for alert in message["alerts"]:
-                if alert["status"] == "firing":
-                    out.setdefault(alert["labels"]["alertname"], set()).add(
-                        alert["labels"].get("training_job", "")
-                    )
-        return out
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 class Workload:
@@ -128,14 +84,6 @@ class Workload:
             thread.join(timeout=30)
 
 
-def query(prometheus: str, expr: str) -> list:
-    url = f"{prometheus}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
-    with urllib.request.urlopen(url, timeout=10) as reply:
-        answer = json.load(reply)
-    assert answer["status"] == "success", answer
-    return answer["data"]["result"]
-
-
 def resolve_variables(expr: str) -> str:
     return (
         expr.replace("$cluster", ".*").replace("$training_job", ".*")
@@ -153,13 +101,7 @@ def stack(tmp_path: Path):
         for close in reversed(closers):
             close()
         for process in processes:
-            if process.poll() is None:
-                process.terminate()
-                try:
-                    process.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
+            stop(process)
 
 
 def test_pages_reach_the_webhook_and_every_panel_has_data(stack) -> None:

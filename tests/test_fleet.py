@@ -28,8 +28,8 @@ import pytest
 from checkpoint_exporter.mixin import rules
 from checkpoint_exporter.mixin.config import SPLIT, MixinConfig
 from tests.conftest import Exporter, require_tool, wait_for
+from tests.helpers.alerting import Webhook, free_port, query
 from tests.helpers.fleet import Monitoring, Objectives, Training, node_config, shared_config
-from tests.test_e2e_alerting import Webhook, free_port, query
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.daemon]
 

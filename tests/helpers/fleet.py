@@ -21,6 +21,7 @@ from checkpoint_exporter import instrument
 from checkpoint_exporter.mixin import rules
 from checkpoint_exporter.mixin.config import MixinConfig
 from tests.conftest import write_config
+from tests.helpers.alerting import stop
 from tests.helpers.trees import dcp_metadata_bytes
 
 SHARD_BYTES = 4096
@@ -198,10 +199,4 @@ class Monitoring:
 
     def close(self) -> None:
         for process in self.processes:
-            if process.poll() is None:
-                process.terminate()
-                try:
-                    process.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
+            stop(process)
