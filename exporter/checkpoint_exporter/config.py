@@ -85,6 +85,9 @@ class Policy:
     # The scope of the job's durable tier (``path``): auto decides from its mount. A staging
     # tier is always scoped from its mount (it is node-local storage, or a shared fast tier).
     scope: str = "auto"
+    # Mean time between failures that stop the job (a restart from the newest checkpoint): the
+    # input of Young's and Daly's intervals. None: not stated, no interval advice.
+    mtbf: float | None = None
 
 
 @dataclass(frozen=True)
@@ -327,6 +330,7 @@ POLICY_FIELDS = (
     Field("verify_checksums", boolean),
     Field("settle", positive_duration),
     Field("scope", choice(SCOPE_CHOICES)),
+    Field("mtbf", _optional(positive_duration)),
 )
 _POLICY_KEYS = {f.key for f in POLICY_FIELDS}
 
@@ -649,6 +653,7 @@ def _policy_dict(policy: Policy) -> dict[str, Any]:
         "verify_checksums": policy.verify_checksums,
         "settle": format_duration(policy.settle),
         "scope": policy.scope,
+        "mtbf": None if policy.mtbf is None else format_duration(policy.mtbf),
     }
 
 

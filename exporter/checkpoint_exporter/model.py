@@ -19,6 +19,18 @@ DELETING = "deleting"
 # Save phases, in the order a save goes through them.
 PHASES = ("pause", "staging", "write", "commit", "total")
 
+# What a finished save suffered, from the seed article's bottleneck matrix (section 7): the
+# label values of checkpoint_last_save_symptom_info and checkpoint_save_symptoms_total.
+SYMPTOMS = (
+    "staging_bound",  # the pause passed before network traffic rose: copying out of GPU memory
+    "straggler",  # one node or rank finished writing much later than the others
+    "contention",  # the save was slow while other jobs saved at the same time
+    "commit_bound",  # the payload was written fast, the final commit was slow
+    "backlog",  # async saves progressively slower, generations in flight piling up
+    "unrestorable",  # committed, then a restore of it failed
+    "training_disturbed",  # GPU utilisation in the window well below its baseline
+)
+
 
 @dataclass(frozen=True)
 class WindowTelemetry:
@@ -89,6 +101,7 @@ class SaveRecord:
     end: float
     phases: tuple[tuple[str, float], ...]  # empty for an aborted save
     outcome: str  # ok | late (over the deadline) | aborted
+    symptoms: tuple[str, ...] = ()  # from SYMPTOMS: the diagnosis of this save
 
 
 @dataclass(frozen=True)
@@ -110,6 +123,7 @@ class JobState:
     deadline_seconds: float
     retained_generations_limit: int
     restore_drill_max_age_seconds: float
+    mtbf_seconds: float | None = None  # the job's reliability objective (config ``mtbf``)
     generations: tuple[Generation, ...] = ()
     saves_committed: int = 0
     saves_aborted: int = 0
@@ -118,6 +132,8 @@ class JobState:
     validation_failures: tuple[tuple[str, int], ...] = ()
     save_duration: tuple[tuple[str, HistogramState], ...] = ()  # (phase, histogram)
     last_phases: tuple[tuple[str, float], ...] = ()  # the newest finished save's phases
+    last_save_symptoms: tuple[str, ...] = ()  # the newest finished save's diagnosis (SYMPTOMS)
+    save_symptoms: tuple[tuple[str, int], ...] = ()  # (symptom, saves diagnosed with it)
     last_write_end: float | None = None  # its last local write (this node's ranks)
     last_write_spread: float | None = None  # its spread of write ends across local ranks
     restores: int = 0

@@ -787,6 +787,7 @@ class JobTracker:
             deadline_seconds=self.policy.deadline,
             retained_generations_limit=self.policy.retained_generations,
             restore_drill_max_age_seconds=self.policy.restore_drill_max_age,
+            mtbf_seconds=self.policy.mtbf,
             generations=tuple(
                 view
                 for gen in self._gens.values()
