@@ -119,24 +119,43 @@ FROM_THE_TREE = {
     "checkpoint_validation_failures_total", "checkpoint_drain_backlog_bytes",
 }  # fmt: skip
 FROM_THIS_NODE = {
-    "checkpoint_last_save_phase_seconds", "checkpoint_save_duration_seconds_count",
+    "checkpoint_last_save_phase_seconds",
     "checkpoint_last_save_local_write_end_timestamp_seconds", "checkpoint_restores_total",
-    "checkpoint_interval_seconds",
+}  # fmt: skip
+# One account per job, kept by the process that sees its durable commit.
+DEADLINE_ACCOUNT = {
+    "checkpoint_save_duration_seconds_count", "checkpoint_deadline_misses_total",
+    "checkpoint_saves_within_deadline_total",
+}  # fmt: skip
+OBJECTIVES = {
+    "checkpoint_interval_seconds", "checkpoint_deadline_seconds",
+    "checkpoint_deadline_bucket_info", "checkpoint_retained_generations_limit",
 }  # fmt: skip
 
 
 def test_a_tier_read_elsewhere_exports_no_series_from_its_tree() -> None:
     everything = _render(_job(durable_scanned=True))
-    assert _families(everything) >= FROM_THE_TREE | FROM_THIS_NODE
+    assert _families(everything) >= FROM_THE_TREE | FROM_THIS_NODE | DEADLINE_ACCOUNT | OBJECTIVES
 
     node_only = _render(_job(durable_scanned=False))
-    assert not FROM_THE_TREE & _families(node_only)
-    assert _families(node_only) >= FROM_THIS_NODE
+    assert not (FROM_THE_TREE | DEADLINE_ACCOUNT) & _families(node_only)
+    # It reads the staging tier: its own drain is judged against the objectives.
+    assert _families(node_only) >= FROM_THIS_NODE | OBJECTIVES
     assert sample(node_only, "checkpoint_last_save_phase_seconds", phase="total") == 4.0
     # The tiers it reads are listed; the other is another process's.
     assert sample(node_only, "checkpoint_job_info", tier=STAGING) == 1
     assert sample(node_only, "checkpoint_job_info", tier=DURABLE) is None
     assert sample(node_only, "checkpoint_exporter_watch_info", tier=DURABLE) is None
+
+
+def test_a_job_known_from_the_spool_alone_exports_its_ranks_clocks_only() -> None:
+    """Every node of a job on a shared tree knows it from its spool: were each to export its
+    objectives and deadline account, each per-job rule would reduce one copy per node."""
+    spool_only = _render(_job(durable_scanned=False, staging_scanned=False))
+    families = _families(spool_only)
+    assert families >= FROM_THIS_NODE
+    assert not (FROM_THE_TREE | DEADLINE_ACCOUNT | OBJECTIVES) & families
+    assert sample(spool_only, "checkpoint_last_save_phase_seconds", phase="pause") == 1.0
 
 
 def test_shard_info_only_when_told() -> None:
@@ -170,6 +189,13 @@ def _fake_mounts(tmp_path: Path, nfs: Path) -> Path:
 
 
 SHARED_JOBS = ("declared", "on-nfs")
+# A shared job's objectives and deadline account: the shared scanners', not every node's.
+SHARED_SCANNERS_ACCOUNT = (
+    "checkpoint_deadline_seconds",
+    "checkpoint_interval_seconds",
+    "checkpoint_deadline_misses_total",
+    "checkpoint_save_duration_seconds_count",
+)
 
 
 def _save_events(spool: Path, job: str, step: int) -> None:
@@ -205,18 +231,17 @@ jobs:
 
     def timed_from_the_spool() -> str | None:
         text = served.metrics()
-        count = "checkpoint_save_duration_seconds_count"
-        done = [sample(text, count, training_job=job, phase="total") for job in SHARED_JOBS]
-        return text if done == [1, 1] else None
+        phase = "checkpoint_last_save_phase_seconds"
+        done = [sample(text, phase, training_job=job, phase="total") for job in SHARED_JOBS]
+        return text if all(seconds is not None for seconds in done) else None
 
     text = wait_for(timed_from_the_spool)
     assert sample(text, "checkpoint_last_committed_step", training_job="local") == 3
     for job in SHARED_JOBS:
-        for family in GENERATION_FAMILIES:
+        for family in GENERATION_FAMILIES + SHARED_SCANNERS_ACCOUNT:
             assert sample(text, family, training_job=job) is None, (job, family)
         assert sample(text, "checkpoint_job_info", training_job=job) is None, job
         assert sample(text, "checkpoint_last_save_phase_seconds", training_job=job, phase="pause")
-        assert sample(text, "checkpoint_deadline_seconds", training_job=job) == 60
     assert sample(text, "checkpoint_exporter_ready") == 1
     scanned = "checkpoint_exporter_last_scan_timestamp_seconds"
     assert sample(text, scanned, training_job="local")
@@ -273,10 +298,12 @@ discover: [{{root: {hung}, scope: shared, poll_interval: 1s}}]
 """)  # fmt: skip
         served = exporter("--config.file", str(config), "--scope=node")
         _save_events(spool, "jobx", 4)  # its directory appears: the job is found (as history)
-        wait_for(lambda: served.value("checkpoint_deadline_seconds", training_job="jobx"), 15)
-        _save_events(spool, "jobx", 5)  # a save of the job now known is counted
-        count = "checkpoint_save_duration_seconds_count"
-        wait_for(lambda: served.value(count, training_job="jobx", phase="total") == 1, 15)
+        known = "checkpoint_restores_total"  # a per-job series every process exports
+        wait_for(lambda: served.value(known, training_job="jobx") is not None, 15)
+        saved_at = time.time()
+        _save_events(spool, "jobx", 5)  # a save of the job now known is timed
+        write_end = "checkpoint_last_save_local_write_end_timestamp_seconds"
+        wait_for(lambda: (served.value(write_end, training_job="jobx") or 0) >= saved_at, 15)
         text = served.metrics()
         assert sample(text, "checkpoint_exporter_mount_stuck", mountpoint=str(hung)) is None
         assert "cannot list discover root" not in "".join(served.drain_log())

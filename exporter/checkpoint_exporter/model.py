@@ -173,6 +173,13 @@ def scanned(job: JobState, tier: str) -> bool:
     return any(path.tier == tier and path.scanned for path in job.paths)
 
 
+def reads_a_tree(job: JobState) -> bool:
+    """Whether this process reads any of the job's tiers. A node-scope process knows a job whose
+    trees are all shared from its spool alone: it exports that job's per-node clocks, and leaves
+    the per-job series (objectives, the deadline accounting) to the processes that read them."""
+    return any(path.scanned for path in job.paths)
+
+
 class _Committed(Protocol):
     commit_time: float | None
     step: int | None

@@ -186,8 +186,9 @@ class CheckpointsCollector(SnapshotCollector):
     def _from_clocks(
         job: JobState, newest: Generation | None, out: dict[MetricSpec, Metric]
     ) -> None:
-        """The newest save's phases and the save-duration accounting: this node's ranks' clocks
-        from the spool (a node-scope process has these alone), else the durable tier's mtimes."""
+        """The newest save's phases, from this node's ranks' clocks in the spool (a node-scope
+        process has these alone), else from the durable tier's mtimes; and the deadline
+        accounting, from the process that reads the durable tier."""
         name = [job.name]
         phases = dict(job.last_phases)
         if not phases and newest is not None and newest.commit_time is not None:
@@ -198,6 +199,11 @@ class CheckpointsCollector(SnapshotCollector):
             out[LAST_SAVE_WRITE_END].add_metric(name, job.last_write_end)
         if job.last_write_spread is not None:
             out[LAST_SAVE_WRITE_SPREAD].add_metric(name, job.last_write_spread)
+        if not scanned(job, DURABLE):
+            # The durable commit ends a save: the process that sees it (a shared scanner) keeps
+            # the job's one account. Every node counting its ranks' own saves of a shared job
+            # made each per-job SLO rule reduce thousands of copies (docs/performance.md).
+            return
         out[DEADLINE_MISSES].add_metric(name, job.deadline_misses)
         for phase, histogram in job.save_duration:
             add_histogram(out[SAVE_DURATION], [job.name, phase], histogram)

@@ -8,7 +8,7 @@ from prometheus_client.core import Metric
 from prometheus_client.utils import floatToGoString
 
 from checkpoint_exporter.exposition.collectors.base import MetricSpec, SnapshotCollector
-from checkpoint_exporter.model import Snapshot
+from checkpoint_exporter.model import Snapshot, reads_a_tree
 
 _JOB = ("training_job",)
 JOB_INFO = MetricSpec(
@@ -70,6 +70,8 @@ class JobsCollector(SnapshotCollector):
                 info.add_metric([job.name, job.layout, watched.tier, watched.path], 1)
                 if watched.mode:
                     watch.add_metric([job.name, watched.tier, watched.mode], 1)
+            if not reads_a_tree(job):
+                continue  # known from the spool alone: its trees' readers export the objectives
             deadline_bucket.add_metric([job.name, floatToGoString(job.deadline_seconds)], 1)
             values = (
                 job.interval_seconds, job.deadline_seconds, job.retained_generations_limit,
