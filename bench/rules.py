@@ -55,10 +55,9 @@ RULE_FILES = (
 )
 REPLICAS = 2
 # What Prometheus keeps of the nodes' series (``metric_relabel_configs`` on the node-scope
-# scrape; the shared replicas' series are all kept): everything; all but the per-phase
-# save-duration buckets, 2/3 of a node's series (the replicas' buckets still give the dashboards
-# the total phase's quantiles, from the durable tier); only the families the rules read.
-INGEST = ("everything", "node buckets dropped", "node series the rules read")
+# scrape; the shared replicas' series are all kept): everything, or only the families the rules
+# read.
+INGEST = ("everything", "node series the rules read")
 _NAME = re.compile(r"checkpoint_[a-z_]+")
 GENERATIONS = 10  # retained per job, as in the scrape bench
 _SAVE_EVENTS = ("save_start", "resume", "staged", "written", "committed")
@@ -140,8 +139,6 @@ def bucket_lines(lines: list[str]) -> int:
 def kept_names(lines: list[str], ingest: str) -> set[str]:
     """The names of the nodes' series that Prometheus keeps under ``ingest``."""
     names = {_name(line) for line in lines}
-    if ingest == "node buckets dropped":
-        return {name for name in names if not name.endswith("_bucket")}
     if ingest == "node series the rules read":
         return names & set(_NAME.findall("".join(path.read_text() for path in RULE_FILES)))
     return names

@@ -268,7 +268,7 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=2048)
     parser.add_argument(
         "--rules-ingest", nargs="+",
-        default=["everything", "node buckets dropped", "node series the rules read"],
+        default=["everything", "node series the rules read"],
         help="what Prometheus keeps of the nodes' series, one rules row each (bench/rules.py)",
     )  # fmt: skip
     args = parser.parse_args()
