@@ -53,6 +53,9 @@ ALERTS: dict[str, tuple[str, str, str]] = {
     "CheckpointRetentionExceeded": (WARNING, "1h", "More checkpoint generations are retained than the job's limit."),
     "CheckpointNoRecoverableGeneration": (CRITICAL, "5m", "The job has no committed, valid checkpoint generation left."),
     "CheckpointStorageClockSkew": (WARNING, "15m", "Checkpoint file times disagree with the node's clock by more than a minute."),
+    # A ticket, not a page: the interval wastes GPU time, it does not lose checkpoints. A day,
+    # as the save cost it compares against is a day's mean.
+    "CheckpointIntervalOffOptimum": (WARNING, "1d", "The configured checkpoint interval is over twice or under half Young's optimum for the measured save cost and MTBF."),
     # The exporter's own view: when it cannot be trusted, the alerts above are blind or wrong.
     "CheckpointDataStale": (CRITICAL, "5m", "No exporter has confirmed its view of a job's checkpoints for longer than stale_after."),
     "CheckpointMountStuck": (WARNING, "5m", "A filesystem operation on a checkpoint mount has not answered within its time budget."),
@@ -76,6 +79,14 @@ class MixinConfig:
     straggler_fraction: float = 0.25  # a node this share of the deadline behind the first
     drain_margin: float = 1.1  # arrival above drain by this factor means falling behind
     rule_layout: str = SINGLE  # single | split: see RULE_LAYOUTS
+    # The dashboards draw node_exporter's and dcgm-exporter's own series for a job's nodes: these
+    # find their targets, and each side's host is the node label's value up to this regex's
+    # first group (the instance without its port, by default), so "gpu7:25780" meets "gpu7:9100".
+    node_exporter_selector: str = 'job=~"node(-exporter)?"'
+    dcgm_selector: str = 'job=~"(nvidia-)?dcgm(-exporter)?"'
+    node_label: str = "instance"  # on the exporters' and node_exporter's series
+    dcgm_node_label: str = "instance"  # "Hostname" where dcgm-exporter has no host network
+    node_regex: str = "(.+?)(:[0-9]+)?"
     severity: dict[str, str] = field(default_factory=dict)  # alert -> severity override
     for_: dict[str, str] = field(default_factory=dict)  # alert -> `for` override ("for" in YAML)
 
@@ -151,6 +162,11 @@ _FIELDS = (
     Field("straggler_fraction", _open_fraction),
     Field("drain_margin", _factor),
     Field("rule_layout", choice(RULE_LAYOUTS)),
+    Field("node_exporter_selector", text),
+    Field("dcgm_selector", text),
+    Field("node_label", text),
+    Field("dcgm_node_label", text),
+    Field("node_regex", text),
     Field("severity", _alert_settings(_severity)),
     Field("for", _alert_settings(_duration_string(parse_duration))),
 )

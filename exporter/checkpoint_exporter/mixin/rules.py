@@ -40,6 +40,17 @@ AVAIL_PREDICTED = "mountpoint:checkpoint_filesystem_avail_bytes:predict_linear24
 # The freshest view any exporter has of a job's tier (shared scanners run in pairs).
 LAST_SCAN_SUCCESS = "training_job_tier:checkpoint_exporter_last_scan_timestamp_seconds:max"
 SLO_WINDOWS = ("2h", "6h", "1d", "3d")
+# The live interval: plan/worksheet.py's formulas on the measured save cost.
+LAST_PAUSE = "training_job:checkpoint_last_save_pause_seconds:max"
+SAVE_COST = "training_job:checkpoint_save_cost_seconds:avg1d"
+MTBF = "training_job:checkpoint_mtbf_seconds:max"
+YOUNG = "training_job:checkpoint_young_interval_seconds"
+DALY = "training_job:checkpoint_daly_interval_seconds"
+WASTE_CONFIGURED = "training_job:checkpoint_waste_fraction:configured"
+WASTE_OPTIMAL = "training_job:checkpoint_waste_fraction:optimal"
+# The alert's band around Young's interval: a factor, so one rule fits every job. Within it the
+# waste stays within 25 % of the optimum's (waste(kT) / waste(T) = (k + 1/k) / 2 = 1.25 at 2).
+INTERVAL_BAND = 2
 
 
 def slo_errors(window: str) -> str:
@@ -114,7 +125,54 @@ def _job_recording(c: MixinConfig) -> list[dict[str, str]]:
         rules.append(
             {"record": slo_errors(window), "expr": f"1 - (\n  {within}\n  /\n  {total}\n)"}
         )  # fmt: skip
-    return rules
+    return rules + _interval_recording(c)
+
+
+def _save_cost(c: MixinConfig, phase: str) -> str:
+    """The mean observed duration of one phase over a day, for the jobs that observed it."""
+    selector = f'{{{c.selector},phase="{phase}"}}'
+    return (
+        f"max by ({c.cluster_label}, training_job) (\n"
+        f"  rate(checkpoint_save_duration_seconds_sum{selector}[1d])\n"
+        f"  / (rate(checkpoint_save_duration_seconds_count{selector}[1d]) > 0)\n)"
+    )
+
+
+def _interval_recording(c: MixinConfig) -> list[dict[str, str]]:
+    """Young's and Daly's interval and the waste fraction (plan/worksheet.py's young_interval,
+    daly_interval, waste_fraction) from the measured save cost and the job's MTBF objective.
+
+    The cost is what training sees of a save: the pause (the ranks' blocking time, from the
+    spool), or the whole save for jobs seen from the disk alone, which then stop for all of it
+    as far as anyone can tell. No objective gives the restart time, so it is 0 here, as the
+    worksheet's default: the waste fractions are lower bounds.
+    """
+    s = "{" + c.selector + "}"
+    cl = c.cluster_label
+    s_, m = SAVE_COST, MTBF
+    pause = f'checkpoint_last_save_phase_seconds{{{c.selector},phase="pause"}}'
+    return [
+        # The slowest node's pause of each save: the training-visible pause of a job whose ranks
+        # wait for each other. In the cluster shape the nodes export no histograms for a job on
+        # a shared tree, only this gauge; its day's average weighs each save by the time it
+        # stood, its interval, which is every save alike when the interval holds.
+        {"record": LAST_PAUSE, "expr": f"max by ({cl}, training_job) ({pause})"},
+        {"record": SAVE_COST, "expr": (
+            f"{_save_cost(c, 'pause')}\nor\navg_over_time({LAST_PAUSE}[1d])\n"
+            f"or\n{_save_cost(c, 'total')}"
+        )},
+        {"record": MTBF, "expr": f"max by ({cl}, training_job) (checkpoint_mtbf_seconds{s})"},
+        {"record": YOUNG, "expr": f"sqrt(2 * {s_} * {m})"},
+        # Daly (2006): sqrt(2sM) (1 + sqrt(s/2M) / 3 + s/18M) - s, and M itself once s >= 2M.
+        {"record": DALY, "expr": (
+            f"(\n  {YOUNG} * (1 + sqrt({s_} / (2 * {m})) / 3 + {s_} / (18 * {m})) - {s_}\n)\n"
+            f"and on ({cl}, training_job) ({s_} < 2 * {m})\n"
+            f"or\n{m} and on ({cl}, training_job) ({s_} >= 2 * {m})"
+        )},
+        # waste(T) = s / T + (T / 2 + restart) / M, restart 0.
+        {"record": WASTE_CONFIGURED, "expr": f"{s_} / {INTERVAL}\n+ ({INTERVAL} / 2) / {m}"},
+        {"record": WASTE_OPTIMAL, "expr": f"{s_} / {YOUNG}\n+ ({YOUNG} / 2) / {m}"},
+    ]  # fmt: skip
 
 
 def stale_views(c: MixinConfig, tier: str | None = None) -> str:
@@ -191,6 +249,10 @@ def _alert_exprs(c: MixinConfig) -> dict[str, str]:
         "CheckpointStorageClockSkew": (
             f"max by ({cl}, instance, training_job) (abs(checkpoint_storage_clock_skew_seconds{s})) > 60"
         ),
+        # The value is the ratio: configured interval / Young's.
+        "CheckpointIntervalOffOptimum": (
+            f"{INTERVAL} / {YOUNG} > {INTERVAL_BAND}\nor\n{INTERVAL} / {YOUNG} < 1 / {INTERVAL_BAND}"
+        ),
         "CheckpointDataStale": stale_views(c),
         "CheckpointMountStuck": (
             f"max by ({cl}, instance, mountpoint) (\n"
@@ -224,6 +286,7 @@ _DESCRIPTIONS = {
     "CheckpointRetentionExceeded": "{{ $labels.training_job }}: {{ $value }} generations are retained, more than its limit.",
     "CheckpointNoRecoverableGeneration": "{{ $labels.training_job }}: no committed checkpoint that passes validation is left to restore from.",
     "CheckpointStorageClockSkew": "{{ $labels.training_job }} on {{ $labels.instance }}: file times are {{ $value | humanizeDuration }} off this node's clock; ages, and time windows from disk alone, are off by as much.",
+    "CheckpointIntervalOffOptimum": "{{ $labels.training_job }}: the configured interval is {{ $value | printf \"%.2f\" }}x Young's interval for its measured save cost (mean over a day) and its mtbf; the GPU time lost to saving and to recomputing after failures is above the optimum's.",
     "CheckpointDataStale": "{{ $labels.training_job }} ({{ $labels.tier }} tier): no exporter has confirmed its view for {{ $value | humanizeDuration }}; its other checkpoint alerts cannot be trusted, and the age-based ones hold back until it is fresh again.",
     "CheckpointMountStuck": "{{ $labels.mountpoint }} on {{ $labels.instance }}: a scan or statvfs has not answered within its budget (or statvfs fails); the jobs on it are not updated.",
     "CheckpointExporterBadConfig": "checkpoint-exporter {{ $labels.instance }}: the last configuration reload failed; it runs the previous configuration, and a restart would fail.",

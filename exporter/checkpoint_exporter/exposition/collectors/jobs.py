@@ -52,17 +52,25 @@ RESTORE_DRILL_MAX_AGE_SECONDS = MetricSpec(
     _JOB,
 )
 
+MTBF_SECONDS = MetricSpec(
+    "checkpoint_mtbf_seconds",
+    "gauge",
+    "The job's reliability objective: mean time between interruptions that restart it from its "
+    "newest checkpoint (config `mtbf`); only for jobs that set it.",
+    _JOB,
+)
+
 
 class JobsCollector(SnapshotCollector):
     name = "jobs"
     per_job = True
     specs = (
         JOB_INFO, WATCH_INFO, DEADLINE_BUCKET_INFO, INTERVAL_SECONDS, DEADLINE_SECONDS,
-        RETAINED_GENERATIONS_LIMIT, RESTORE_DRILL_MAX_AGE_SECONDS,
+        RETAINED_GENERATIONS_LIMIT, RESTORE_DRILL_MAX_AGE_SECONDS, MTBF_SECONDS,
     )  # fmt: skip
 
     def collect(self, snapshot: Snapshot) -> Iterable[Metric]:
-        info, watch, deadline_bucket, *objectives = (spec.family() for spec in self.specs)
+        info, watch, deadline_bucket, *objectives, mtbf = (spec.family() for spec in self.specs)
         for job in snapshot.jobs:
             for watched in job.paths:
                 if not watched.scanned:
@@ -79,4 +87,6 @@ class JobsCollector(SnapshotCollector):
             )  # fmt: skip
             for family, value in zip(objectives, values, strict=True):
                 family.add_metric([job.name], value)
-        return [info, watch, deadline_bucket, *objectives]
+            if job.mtbf_seconds is not None:  # optional: no Young / Daly interval without it
+                mtbf.add_metric([job.name], job.mtbf_seconds)
+        return [info, watch, deadline_bucket, *objectives, mtbf]
