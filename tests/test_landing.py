@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import math
 import re
+import time
+from dataclasses import replace
+from html import escape as html_escape
 
 import pytest
 from hypothesis import given, settings
@@ -171,3 +174,183 @@ def test_runbook_markdown_is_rendered_escaped() -> None:
     assert '<pre><code class="language-yaml">key: &lt;b&gt;</code></pre>' in html
     assert 'id="same-name"' in html and 'id="same-name-1"' in html
     assert "<script" not in html and "<b>" not in html
+
+
+def test_every_symptom_has_a_mark_and_words() -> None:
+    from checkpoint_exporter.exposition.landing import SYMPTOM_CODES, SYMPTOM_WORDS
+    from checkpoint_exporter.model import SYMPTOMS
+
+    assert set(SYMPTOM_CODES) == set(SYMPTOM_WORDS) == set(SYMPTOMS)
+    assert len(set(SYMPTOM_CODES.values())) == len(SYMPTOMS)
+
+
+def test_symptoms_are_marked_on_their_bars() -> None:
+    base = job().recent_saves
+    saves = (
+        replace(base[0], symptoms=("straggler", "commit_bound")),
+        base[1],
+        replace(base[2], symptoms=("backlog",)),  # an aborted save can be diagnosed too
+        base[3],
+    )
+    svg = timeline_svg(job(recent_saves=saves))
+    assert count(svg, "symptom") == 3
+    assert count(svg, "symptom-straggler") == 1 and count(svg, "symptom-commit-bound") == 1
+    assert count(svg, "symptom-backlog") == 1
+    # Each mark sits inside its save's group, is labelled and explains itself.
+    groups = re.findall(r'<g class="save [^"]*">.*?</g>(?=<g class="(?:save|restore|tick)|<line)',
+                        svg)  # fmt: skip
+    assert len(groups) == 4
+    assert "symptom-straggler" in groups[0] and "symptom" not in groups[1]
+    assert re.search(r'class="symptom symptom-straggler"><title>straggler: one node', svg)
+    assert ">ST</text>" in svg and ">CB</text>" in svg and ">BL</text>" in svg
+    assert "step 100: total 3.00 s" in svg and "straggler: one node" in groups[0]
+    # Nothing drawn for a name the page does not know (a newer exporter's symptom).
+    unknown = (replace(base[0], symptoms=("made_up",)),)
+    assert count(timeline_svg(job(recent_saves=unknown)), "symptom") == 0
+    assert count(timeline_svg(job()), "symptom") == 0  # clean saves carry no mark
+
+
+def ticks(svg: str) -> list[tuple[float, str]]:
+    return [
+        (float(x), label)
+        for x, label in re.findall(
+            r'<g class="tick"><line x1="([\d.]+)".*?<text [^>]*>([^<]*)</text></g>', svg
+        )
+    ]
+
+
+def bar_x(svg: str, step: int) -> float:
+    found = re.search(rf"<title>step {step}:.*?</title><rect [^>]*x=\"([\d.]+)\"", svg)
+    assert found, step
+    return float(found.group(1))
+
+
+def labels_of(saves: tuple[SaveRecord, ...]) -> list[str]:
+    return [label for _, label in ticks(timeline_svg(job(recent_saves=saves, recent_restores=())))]
+
+
+def test_the_timeline_has_a_wall_clock_axis() -> None:
+    svg = timeline_svg(job())
+    # The saves span T .. T + 186 s and a restore at T + 190 s: a tick a minute, UTC.
+    assert [label for _, label in ticks(svg)] == ["08:00", "08:01", "08:02", "08:03"]
+    assert time.strftime("%H:%M", time.gmtime(T)) == "08:00"
+    xs = [x for x, _ in ticks(svg)]
+    assert xs == sorted(xs) and xs[1] - xs[0] == pytest.approx(xs[3] - xs[2], abs=0.2)
+    assert 'class="axis-unit"' in svg and ">UTC</text>" in svg
+    # Bars stand at their save's start, on the same axis: step 200 (T + 60) under the 08:01 tick.
+    assert bar_x(svg, 100) < bar_x(svg, 200) < bar_x(svg, 400)
+    width = float(re.search(r'class="phase-total" x="[\d.]+" y="[\d.]+" width="([\d.]+)"',
+                            svg).group(1))  # fmt: skip
+    assert bar_x(svg, 200) + width / 2 == pytest.approx(xs[1], abs=0.2)
+    # A few seconds of saves: ticks with seconds.
+    quick = tuple(
+        SaveRecord(i, T + 2 * i, T + 2 * i + 1, (("total", 1.0),), "ok") for i in range(6)
+    )
+    assert labels_of(quick) == [
+        "08:00:00",
+        "08:00:02",
+        "08:00:04",
+        "08:00:06",
+        "08:00:08",
+        "08:00:10",
+    ]
+    # Days of them: dates.
+    daily = tuple(SaveRecord(i, T + 86400 * i, T + 86400 * i + 5, (), "aborted") for i in range(4))
+    assert labels_of(daily) == ["01-16", "01-17", "01-18"]
+    # No saves, no restores: no axis to draw.
+    assert ticks(timeline_svg(job(recent_saves=(), recent_restores=()))) == []
+
+
+def test_restore_marks_are_labelled_with_outcome_and_duration() -> None:
+    svg = timeline_svg(job())
+    marks = re.findall(r'<g class="restore ([^"]*)"><title>([^<]*)</title>.*?'
+                       r'<text class="restore-label"[^>]*>([^<]*)</text></g>', svg)  # fmt: skip
+    assert [(kind, label) for kind, _, label in marks] == [
+        ("restore-ok", "restored 4s"),
+        ("restore-failed failure", "restore failed 1s"),
+    ]
+    assert marks[0][1] == "restore succeeded in 4s, at 08:01:40 UTC"
+    assert marks[1][1] == "restore failed: torn (after 1s, at 08:03:10 UTC)"
+
+
+def committed(at: float, valid: bool | None = True) -> Generation:
+    reason = None if valid is not False else "missing_shard"
+    return Generation("step-9", DURABLE, 9, "committed", at - 5, at - 1, at, 10, 1, valid, reason)
+
+
+def healthy_job(**kw) -> JobState:
+    now = T + 200
+    saves = job().recent_saves[3:]  # the last one ok, in 6 s against an 8 s deadline
+    healthy = dict(
+        generations=(committed(now - 30),), recent_saves=saves,
+        recent_restores=(RestoreRecord(now - 60, True, 4.0),), restore_last_success=now - 60,
+    )  # fmt: skip
+    return job(**{**healthy, **kw})
+
+
+def test_the_summary_says_healthy_in_plain_words() -> None:
+    from checkpoint_exporter.exposition.landing import summary_line, verdict
+
+    now = T + 200
+    judged = verdict(healthy_job(), now)
+    assert judged.healthy and judged.problems == ()
+    assert judged.notes == (
+        "newest checkpoint 30s ago (limit 1m8s)",
+        "valid",
+        "last save ok (6s)",
+        "last restore ok 1m ago",
+    )
+    line = summary_line(healthy_job(), now)
+    assert line.startswith('<li class="healthy"><a href="#job-llama%3C70b%3E">llama&lt;70b&gt;</a>')
+    assert '<span class="verdict">healthy</span>' in line
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        (dict(generations=(committed(T + 200 - 600),)),
+         "newest checkpoint 10m old, over its interval + deadline of 1m8s"),
+        (dict(generations=()), "no committed checkpoint yet"),
+        (dict(generations=(committed(T + 170, valid=False),)),
+         "newest checkpoint invalid (missing_shard)"),
+        (dict(recent_saves=job().recent_saves[:2]), "last save late (10s against a 8s deadline)"),
+        (dict(recent_saves=job().recent_saves[:3]), "last save aborted"),
+        (dict(recent_restores=(RestoreRecord(T + 190, False, 1.0, "torn"),)),
+         "last restore failed (torn)"),
+    ],
+)  # fmt: skip
+def test_the_summary_says_what_is_wrong(change: dict, problem: str) -> None:
+    from checkpoint_exporter.exposition.landing import summary_line, verdict
+
+    judged = verdict(replace(healthy_job(), **change), T + 200)
+    assert not judged.healthy and judged.problems == (problem,)
+    line = summary_line(replace(healthy_job(), **change), T + 200)
+    assert line.startswith('<li class="unhealthy">') and "NOT healthy" in line
+    assert html_escape(problem) in line
+
+
+def test_the_summary_notes_what_is_not_a_fault() -> None:
+    from checkpoint_exporter.exposition.landing import verdict
+
+    pending = healthy_job(generations=(committed(T + 170, valid=None),))
+    assert verdict(pending, T + 200).healthy
+    assert "validation pending" in verdict(pending, T + 200).notes
+    never = healthy_job(recent_restores=(), restore_last_success=None)
+    assert verdict(never, T + 200).healthy and "never restored" in verdict(never, T + 200).notes
+    stale = healthy_job(restore_drill_max_age_seconds=30)
+    assert "no restore tested in 30s" in verdict(stale, T + 200).notes
+    diagnosed = healthy_job(
+        recent_saves=(replace(job().recent_saves[3], symptoms=("contention",)),)
+    )
+    assert "last save: contention" in verdict(diagnosed, T + 200).notes
+
+
+def test_the_page_opens_with_a_summary_per_job() -> None:
+    page = render(Snapshot(T, (healthy_job(name="a&b"), job(name="<c>"))), "/metrics")
+    summary = page[page.index('<ul class="summary">') : page.index("</ul>")]
+    assert summary.count("<li") == 2
+    assert '<li class="healthy"><a href="#job-a%26b">a&amp;b</a>' in summary
+    assert '<li class="unhealthy"><a href="#job-%3Cc%3E">&lt;c&gt;</a>' in summary
+    assert "<c>" not in page and "a&b" not in page
+    assert page.index('<ul class="summary">') < page.index('class="timeline"')
+    assert "Symptoms:" in page and "ST straggler" in page

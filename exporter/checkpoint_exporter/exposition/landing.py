@@ -1,9 +1,13 @@
 """The landing page at ``/``: per job, the last saves as a timeline, drawn server-side in SVG.
 
-Each save is a stacked bar of its clocks (staging, write, commit; the training-visible pause as
-a dark inner bar) against the job's deadline line; late and aborted saves and failed restores are
-marked. Capacity and drain sit below. No JavaScript, no external assets: the page is one HTML
-document rendered from the snapshot, so it costs a scrape's worth of nothing.
+A line per job at the top says in plain words whether it is healthy: the newest checkpoint's
+age against its interval plus deadline, the last save's outcome, validity, restores. Each save
+is then a stacked bar of its clocks (staging, write, commit; the training-visible pause as a dark
+inner bar) against the job's deadline line, placed at its start on a wall-clock axis (UTC), with
+its diagnosed symptoms marked above it; late and aborted saves are marked, and restores sit on
+the same axis, labelled with their outcome and duration. Capacity and drain sit below. No
+JavaScript, no external assets: the page is one HTML document rendered from the snapshot, so it
+costs a scrape's worth of nothing.
 
 Every number drawn or printed comes from events and files other users wrote: each goes through
 ``_finite``, ``_duration`` or ``_bytes``, which turn infinities, NaN, negatives and absurd sizes
@@ -17,6 +21,8 @@ import html
 import logging
 import math
 import time
+import urllib.parse
+from dataclasses import dataclass
 
 from checkpoint_exporter import __version__
 from checkpoint_exporter.model import (
@@ -24,6 +30,7 @@ from checkpoint_exporter.model import (
     DaemonState,
     FilesystemState,
     JobState,
+    SaveRecord,
     Snapshot,
     newest_committed,
 )
@@ -31,9 +38,35 @@ from checkpoint_exporter.units import MAX_DURATION, format_duration
 
 log = logging.getLogger(__name__)
 
-WIDTH, HEIGHT, LEFT, BOTTOM, TOP = 560, 150, 46, 22, 10
+# TOP leaves room for two symptom marks above a bar at the top of the scale; BOTTOM for the
+# time axis's labels and, below them, the restore marks.
+WIDTH, HEIGHT, LEFT, BOTTOM, TOP, RIGHT = 560, 190, 46, 46, 26, 10
 STACK = (("staging", "#4c78a8"), ("write", "#f58518"), ("commit", "#54a24b"), ("drain", "#9467bd"))
-PAUSE_COLOR, LATE_COLOR, ABORTED_COLOR = "#222222", "#d62728", "#9e9e9e"
+PAUSE_COLOR, LATE_COLOR, ABORTED_COLOR, OK_COLOR = "#222222", "#d62728", "#9e9e9e", "#2ca02c"
+SYMPTOM_COLOR = "#8c564b"
+# Two letters per symptom on the bar (the legend and each mark's tooltip spell it out).
+SYMPTOM_CODES = {
+    "staging_bound": "SB",
+    "straggler": "ST",
+    "contention": "CO",
+    "commit_bound": "CB",
+    "backlog": "BL",
+    "unrestorable": "UR",
+    "training_disturbed": "TD",
+}
+SYMPTOM_WORDS = {
+    "staging_bound": "staging-bound: the pause passed before network traffic rose",
+    "straggler": "straggler: one node or rank finished much later than the others",
+    "contention": "shared-path contention: slow while other jobs saved at once",
+    "commit_bound": "commit-bound: fast payload, slow final commit",
+    "backlog": "accumulating backlog: saves progressively slower, generations piling up",
+    "unrestorable": "unrestorable: committed, then a restore of it failed",
+    "training_disturbed": "training disturbed: GPU utilisation well below its baseline",
+}
+# Tick spacings for the time axis, in seconds: the first that gives at most MAX_TICKS ticks.
+TICK_STEPS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600,
+              43200, 86400, 172800, 604800)  # fmt: skip
+MAX_TICKS = 6
 
 STYLE = """
 body{font-family:system-ui,sans-serif;margin:1.5em;color:#222;max-width:72em}
@@ -42,6 +75,8 @@ table{border-collapse:collapse;margin:.4em 0} td,th{padding:.15em .7em;text-alig
 th{border-bottom:1px solid #999} .muted{color:#777} .bad{color:#d62728;font-weight:600}
 .job{display:flex;flex-wrap:wrap;gap:1.5em;align-items:flex-start}
 .legend span{display:inline-block;margin-right:1em} .swatch{display:inline-block;width:.8em;height:.8em;margin-right:.3em}
+ul.summary{list-style:none;padding:0;margin:.6em 0} ul.summary li{margin:.2em 0}
+.healthy .verdict{color:#2ca02c;font-weight:600} .unhealthy .verdict{color:#d62728;font-weight:600}
 """
 
 
@@ -96,48 +131,129 @@ def _ago(now: float, then: float | None) -> str:
     return f"{_duration(round(now - value))} ago"
 
 
+def _clock(at: float, step: float) -> str:
+    """A wall-clock label (UTC) for a tick ``step`` seconds from the next: seconds only when the
+    ticks are less than a minute apart, the date when they are a day or more apart."""
+    try:
+        moment = time.gmtime(at)
+    except (OverflowError, OSError, ValueError):
+        return "?"
+    if step >= 86400:
+        return time.strftime("%m-%d", moment)
+    return time.strftime("%H:%M:%S" if step < 60 else "%H:%M", moment)
+
+
+def _ticks(first: float, last: float) -> tuple[float, list[float]]:
+    """Round wall-clock times between ``first`` and ``last``: the spacing and the ticks."""
+    span = max(last - first, 1.0)
+    step = next((s for s in TICK_STEPS if span / s <= MAX_TICKS), None)
+    if step is None:  # a span of weeks or more (or a nonsense time): no round spacing needed
+        step = span / MAX_TICKS
+    tick = math.ceil(first / step) * step
+    ticks = []
+    while tick <= last and len(ticks) <= MAX_TICKS:
+        ticks.append(tick)
+        tick += step
+    return step, ticks
+
+
+def _symptom_marks(save: SaveRecord, cx: float, top: float) -> str:
+    """One small labelled mark per diagnosed symptom, stacked upward from ``top``."""
+    marks = []
+    known = [name for name in save.symptoms if name in SYMPTOM_CODES]
+    for index, name in enumerate(known):
+        y = max(top - 11 * (index + 1), 0.0)
+        marks.append(
+            f'<g class="symptom symptom-{name.replace("_", "-")}">'
+            f"<title>{_esc(SYMPTOM_WORDS[name])}</title>"
+            f'<rect x="{cx - 8:.1f}" y="{y:.1f}" width="16" height="10" rx="2" '
+            f'fill="{SYMPTOM_COLOR}"/>'
+            f'<text x="{cx:.1f}" y="{y + 8:.1f}" font-size="8" text-anchor="middle" '
+            f'fill="#fff">{SYMPTOM_CODES[name]}</text></g>'
+        )
+    return "".join(marks)
+
+
 def timeline_svg(job: JobState) -> str:
-    """The job's recent saves against its deadline, as an SVG element."""
+    """The job's recent saves against its deadline, on a wall-clock axis, as an SVG element."""
     saves = list(job.recent_saves)
+    restores = list(job.recent_restores)
     deadline = _finite(job.deadline_seconds, default=1.0, high=MAX_DURATION) or 1.0
     totals = [_finite(dict(s.phases).get("total", 0.0), high=MAX_DURATION) for s in saves]
     longest = max([deadline * 1.25, *totals])
     plot_h = HEIGHT - BOTTOM - TOP
+    axis_y = TOP + plot_h
 
     def y(seconds: float) -> float:
         return TOP + plot_h * (1 - min(seconds, longest) / longest)
 
-    slot = (WIDTH - LEFT - 10) / max(len(saves), 8)
+    # The time axis runs from the first save's start (or restore) to the last save's end (or
+    # restore); each bar starts at its save's start. Bars keep a readable width: when saves
+    # come closer than that, neighbours overlap rather than the scale lying about time.
+    moments = [_finite(s.start, low=-1e15) for s in saves] + [
+        _finite(r.at, low=-1e15) for r in restores
+    ]
+    ends = [_finite(s.end, low=-1e15) for s in saves] + moments
+    first = min(moments, default=0.0)
+    last = max([*ends, first + 1.0])
+    slot = (WIDTH - LEFT - RIGHT) / max(len(saves), 8)
     bar = max(4.0, slot * 0.6)
+    plot_w = WIDTH - LEFT - RIGHT - bar
+
+    def x(at: float) -> float:
+        share = _finite((_finite(at, low=-1e15) - first) / (last - first), high=1.0)
+        return LEFT + share * plot_w
+
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" class="timeline" data-job="{_esc(job.name)}" '
         f'width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" role="img" '
         f'aria-label="{_esc(job.name)}: last {len(saves)} saves against a '
         f'{_duration(deadline)} deadline">',
-        f'<line x1="{LEFT}" y1="{TOP + plot_h}" x2="{WIDTH}" y2="{TOP + plot_h}" stroke="#999"/>',
+        f'<line x1="{LEFT}" y1="{axis_y}" x2="{WIDTH}" y2="{axis_y}" stroke="#999"/>',
         f'<text x="4" y="{TOP + 8}" font-size="10" fill="#555">{_duration(round(longest))}</text>',
-        f'<text x="4" y="{TOP + plot_h}" font-size="10" fill="#555">0</text>',
+        f'<text x="4" y="{axis_y}" font-size="10" fill="#555">0</text>',
     ]
-    for index, save in enumerate(saves):
-        x = LEFT + index * slot + (slot - bar) / 2
+    if moments:
+        step, ticks = _ticks(first, last)
+        parts.append(
+            f'<text class="axis-unit" x="4" y="{axis_y + 12}" font-size="9" fill="#777">UTC</text>'
+        )
+        for tick in ticks:
+            tx = x(tick) + bar / 2
+            parts.append(
+                f'<g class="tick"><line x1="{tx:.1f}" y1="{axis_y}" x2="{tx:.1f}" '
+                f'y2="{axis_y + 4}" stroke="#999"/><text x="{tx:.1f}" y="{axis_y + 13}" '
+                f'font-size="9" text-anchor="middle" fill="#555">{_clock(tick, step)}</text></g>'
+            )
+    for save in saves:
+        left = x(save.start)
         phases = {
             name: _finite(value, high=MAX_DURATION) for name, value in dict(save.phases).items()
         }
         label = f"step {save.step}" if save.step is not None else "save"
+        when = f"; started {_clock(_finite(save.start, low=-1e15), 1)} UTC" + "".join(
+            f"; {SYMPTOM_WORDS[name]}" for name in save.symptoms if name in SYMPTOM_WORDS
+        )
         if save.outcome == "aborted":
             parts.append(
-                f'<g class="save aborted"><title>{_esc(label)}: aborted, never committed</title>'
-                f'<rect class="failure" x="{x:.1f}" y="{TOP:.1f}" width="{bar:.1f}" '
+                f'<g class="save aborted"><title>{_esc(label)}: aborted, never committed'
+                f"{_esc(when)}</title>"
+                f'<rect class="failure" x="{left:.1f}" y="{TOP:.1f}" width="{bar:.1f}" '
                 f'height="{plot_h:.1f}" fill="{ABORTED_COLOR}" fill-opacity="0.35"/>'
-                f'<text x="{x + bar / 2:.1f}" y="{TOP + plot_h / 2:.1f}" font-size="14" '
-                f'text-anchor="middle" fill="{LATE_COLOR}">✕</text></g>'
+                f'<text x="{left + bar / 2:.1f}" y="{TOP + plot_h / 2:.1f}" font-size="14" '
+                f'text-anchor="middle" fill="{LATE_COLOR}">✕</text>'
+                f"{_symptom_marks(save, left + bar / 2, TOP)}</g>"
             )
             continue
         total = phases.get("total", 0.0)
-        title = f"{label}: total {total:.2f} s" + "".join(
-            f", {phase} {phases[phase]:.2f} s"
-            for phase in ("pause", "staging", "write", "commit")
-            if phase in phases
+        title = (
+            f"{label}: total {total:.2f} s"
+            + "".join(
+                f", {phase} {phases[phase]:.2f} s"
+                for phase in ("pause", "staging", "write", "commit")
+                if phase in phases
+            )
+            + when
         )
         late = save.outcome == "late"
         group = [f'<g class="save {"late" if late else "ok"}"><title>{_esc(title)}</title>']
@@ -150,36 +266,43 @@ def timeline_svg(job: JobState) -> str:
             seconds = phases.get(name, total)
             top, bottom = y(base + seconds), y(base)
             group.append(
-                f'<rect class="phase-{name}" x="{x:.1f}" y="{top:.1f}" width="{bar:.1f}" '
+                f'<rect class="phase-{name}" x="{left:.1f}" y="{top:.1f}" width="{bar:.1f}" '
                 f'height="{max(bottom - top, 0.5):.1f}" fill="{color}"/>'
             )
             base += seconds
         if "pause" in phases:
             top = y(phases["pause"])
             group.append(
-                f'<rect class="phase-pause" x="{x + bar * 0.35:.1f}" y="{top:.1f}" '
+                f'<rect class="phase-pause" x="{left + bar * 0.35:.1f}" y="{top:.1f}" '
                 f'width="{bar * 0.3:.1f}" height="{max(y(0) - top, 0.5):.1f}" fill="{PAUSE_COLOR}"/>'
             )
         if late:
             group.append(
-                f'<rect class="failure" x="{x - 1:.1f}" y="{y(total) - 1:.1f}" width="{bar + 2:.1f}" '
+                f'<rect class="failure" x="{left - 1:.1f}" y="{y(total) - 1:.1f}" width="{bar + 2:.1f}" '
                 f'height="{y(0) - y(total) + 2:.1f}" fill="none" stroke="{LATE_COLOR}" stroke-width="2"/>'
             )
+        group.append(_symptom_marks(save, left + bar / 2, y(total)))
         group.append("</g>")
         parts.append("".join(group))
-    first = _finite(saves[0].start, low=-1e15) if saves else 0.0
-    span = max(_finite(saves[-1].end, low=-1e15) - first, 1.0) if saves else 1.0
-    for restore in job.recent_restores:
-        if not saves:
-            break
-        share = _finite((_finite(restore.at, low=-1e15) - first) / span, high=1.0)
-        cx = LEFT + share * (WIDTH - LEFT - 10)
-        color = "#2ca02c" if restore.ok else LATE_COLOR
+    for restore in restores:
+        cx, cy = x(restore.at) + bar / 2, HEIGHT - 9
+        color = OK_COLOR if restore.ok else LATE_COLOR
         kind = "restore-ok" if restore.ok else "restore-failed failure"
-        what = "restore succeeded" if restore.ok else f"restore failed: {restore.reason}"
+        took = _duration(restore.duration)
+        short = f"restored {took}" if restore.ok else f"restore failed {took}"
+        at = f"at {_clock(_finite(restore.at, low=-1e15), 1)} UTC"
+        what = (
+            f"restore succeeded in {took}, {at}"
+            if restore.ok
+            else f"restore failed: {restore.reason or 'no reason given'} (after {took}, {at})"
+        )
+        anchor = "end" if cx > WIDTH - 90 else "start"
+        dx = -7 if anchor == "end" else 7
         parts.append(
-            f'<circle class="{kind}" cx="{cx:.1f}" cy="{HEIGHT - 7}" r="5" fill="{color}">'
-            f"<title>{_esc(what)}</title></circle>"
+            f'<g class="restore {kind}"><title>{_esc(what)}</title>'
+            f'<circle cx="{cx:.1f}" cy="{cy}" r="5" fill="{color}"/>'
+            f'<text class="restore-label" x="{cx + dx:.1f}" y="{cy + 3}" font-size="9" '
+            f'text-anchor="{anchor}" fill="{color}">{_esc(short)}</text></g>'
         )
     parts.append(
         f'<line class="deadline" x1="{LEFT}" y1="{y(deadline):.1f}" x2="{WIDTH}" '
@@ -188,6 +311,91 @@ def timeline_svg(job: JobState) -> str:
         "</svg>"
     )
     return "".join(parts)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    healthy: bool
+    problems: tuple[str, ...]  # what makes it unhealthy, worst first
+    notes: tuple[str, ...]  # what a reader should know either way
+
+
+def verdict(job: JobState, now: float) -> Verdict:
+    """Whether the job is healthy, in plain words: could it restart from a recent, valid
+    checkpoint, and did its last save and restore work. The alerts' conditions, read at once."""
+    problems: list[str] = []
+    notes: list[str] = []
+    newest = newest_committed(job)
+    interval = _finite(job.interval_seconds, high=MAX_DURATION)
+    limit = interval + _finite(job.deadline_seconds, high=MAX_DURATION)
+    if newest is None or newest.commit_time is None:
+        problems.append("no committed checkpoint yet")
+    else:
+        age = now - _finite(newest.commit_time, default=math.nan, low=-math.inf, high=math.inf)
+        if not math.isfinite(age):
+            problems.append("the newest checkpoint's commit time is unreadable")
+        elif age > limit:
+            problems.append(
+                f"newest checkpoint {_duration(round(age))} old, over its interval + deadline "
+                f"of {_duration(limit)}"
+            )
+        else:
+            notes.append(f"newest checkpoint {_ago(now, newest.commit_time)} (limit "
+                         f"{_duration(limit)})")  # fmt: skip
+        valid = newest.valid if newest.valid is not None else job.last_committed_valid
+        if valid is False:
+            reason = f" ({newest.invalid_reason})" if newest.invalid_reason else ""
+            problems.append(f"newest checkpoint invalid{reason}")
+        elif valid is None:
+            notes.append("validation pending")
+        else:
+            notes.append("valid")
+    if job.recent_saves:
+        last = job.recent_saves[-1]
+        total = dict(last.phases).get("total")
+        if last.outcome == "aborted":
+            problems.append("last save aborted")
+        elif last.outcome == "late":
+            problems.append(f"last save late ({_duration(total)} against a "
+                            f"{_duration(job.deadline_seconds)} deadline)")  # fmt: skip
+        else:
+            notes.append(f"last save ok ({_duration(total)})")
+        if last.symptoms:
+            notes.append("last save: " + ", ".join(n.replace("_", " ") for n in last.symptoms))
+    if job.recent_restores and not job.recent_restores[-1].ok:
+        reason = job.recent_restores[-1].reason
+        problems.append("last restore failed" + (f" ({reason})" if reason else ""))
+    elif job.restore_last_success:
+        since = now - _finite(job.restore_last_success, low=-1e15)
+        drill = _finite(job.restore_drill_max_age_seconds, high=math.inf)
+        if since > drill:
+            notes.append(f"no restore tested in {_duration(drill)}")
+        else:
+            notes.append(f"last restore ok {_ago(now, job.restore_last_success)}")
+    else:
+        notes.append("never restored")
+    return Verdict(not problems, tuple(problems), tuple(notes))
+
+
+def summary_line(job: JobState, now: float) -> str:
+    """The job's verdict as one list item linking to its section."""
+    judged = verdict(job, now)
+    words = "; ".join((*judged.problems, *judged.notes))
+    anchor = urllib.parse.quote(f"job-{job.name}", safe="")
+    state = "healthy" if judged.healthy else "unhealthy"
+    return (
+        f'<li class="{state}"><a href="#{_esc(anchor)}">{_esc(job.name)}</a>: '
+        f'<span class="verdict">{"healthy" if judged.healthy else "NOT healthy"}</span>'
+        f" — {_esc(words)}.</li>"
+    )
+
+
+def _safe_summary_line(job: JobState, now: float) -> str:
+    try:
+        return summary_line(job, now)
+    except Exception:
+        log.exception("landing page: cannot judge job %r", getattr(job, "name", "?"))
+        return f'<li class="unhealthy">{_esc(job.name)}: cannot be judged; see the log.</li>'
 
 
 def _job_section(job: JobState, now: float) -> str:
@@ -265,8 +473,19 @@ def render(snapshot: Snapshot, telemetry_path: str) -> str:
         for name, color in (*STACK, ("pause", PAUSE_COLOR), ("late / failed", LATE_COLOR),
                             ("aborted", ABORTED_COLOR))
     )  # fmt: skip
+    symptoms = "".join(
+        f'<span title="{_esc(words)}"><i class="swatch" style="background:{SYMPTOM_COLOR}"></i>'
+        f"{SYMPTOM_CODES[name]} {_esc(name.replace('_', ' '))}</span>"
+        for name, words in SYMPTOM_WORDS.items()
+    )
+    summary = ""
     if snapshot.jobs:
         jobs = "".join(_safe_job_section(job, now) for job in snapshot.jobs)
+        summary = (
+            '<ul class="summary">'
+            + "".join(_safe_summary_line(job, now) for job in snapshot.jobs)
+            + "</ul>"
+        )
     else:
         jobs = (
             "<p>No training jobs are configured: add <code>jobs:</code> or "
@@ -293,7 +512,9 @@ def render(snapshot: Snapshot, telemetry_path: str) -> str:
 storage before its deadline? <a href="{path}">Metrics</a> · <a href="/runbooks">Runbooks</a> ·
 <a href="/healthz">Health</a> · <a href="/readyz">Readiness</a></p>
 {_readiness(snapshot.daemon)}
+{summary}
 <p class="legend">{legend}</p>
+<p class="legend muted">Symptoms: {symptoms}</p>
 {jobs}
 <h2>Capacity</h2>{capacity}
 </body></html>

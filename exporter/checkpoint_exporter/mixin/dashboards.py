@@ -3,6 +3,12 @@
 Four dashboards: a cluster overview, one job's saves in detail, storage, and restores. Each has
 the datasource, the cluster and the training job as template variables; queries read the
 recording rules where several nodes report one job.
+
+The seed article asks to "keep the checkpoint window visible in the monitoring dashboard rather
+than averaging it over the whole training run": the overview and the job dashboard draw every
+save as an annotation region from its start to its durable commit (the exporter's own
+timestamps, see ``save_windows``), and the job dashboard puts node_exporter's and dcgm-exporter's
+own NIC, InfiniBand, disk and GPU series for the job's nodes on the same time axis.
 """
 
 from __future__ import annotations
@@ -11,27 +17,39 @@ import json
 from dataclasses import dataclass
 
 from grafanalib._gen import DashboardEncoder
-from grafanalib.core import Dashboard as GrafanaDashboard
 from grafanalib.core import (
+    Annotations,
     GridPos,
     RowPanel,
     Stat,
+    StateTimeline,
     Target,
     Template,
     Templating,
     TimeSeries,
 )
+from grafanalib.core import Dashboard as GrafanaDashboard
 
 from checkpoint_exporter.mixin import rules
 from checkpoint_exporter.mixin.config import MixinConfig
 
 DATASOURCE = "${datasource}"
 
+# What a query needs beyond the series every exporter exports under a plain config: another
+# exporter's series, an objective only some configs set, or a diagnosed save. ``queries`` leaves
+# out those a test's Prometheus was not given.
+NODE_EXPORTER = "node_exporter"
+DCGM_EXPORTER = "dcgm-exporter"
+MTBF = "mtbf"  # the job's reliability objective (config ``mtbf``): the live interval rules
+SYMPTOMS = "symptoms"  # a save diagnosed with a symptom
+REQUIREMENTS = (NODE_EXPORTER, DCGM_EXPORTER, MTBF, SYMPTOMS)
+
 
 @dataclass(frozen=True)
 class Query:
     expr: str
     legend: str = ""
+    requires: tuple[str, ...] = ()  # from REQUIREMENTS
 
 
 @dataclass(frozen=True)
@@ -39,8 +57,23 @@ class Panel:
     title: str
     queries: tuple[Query, ...]
     unit: str = "short"
-    kind: str = "timeseries"  # timeseries | stat
+    kind: str = "timeseries"  # timeseries | stat | state-timeline
     description: str = ""
+    wide: bool = False  # the whole row's width (a timeline shared by the panels below it)
+
+
+@dataclass(frozen=True)
+class Annotation:
+    """A Prometheus annotation query: Grafana draws every series it returns as events, merging
+    samples no more than one query step apart into a region."""
+
+    name: str
+    expr: str
+    title: str
+    text: str
+    tags: str = "training_job"  # label names whose values become the events' tags
+    color: str = "rgba(255, 152, 48, 0.25)"
+    use_value_for_time: bool = False  # the value (milliseconds) is the event's time
 
 
 @dataclass(frozen=True)
@@ -58,6 +91,139 @@ class _Selectors:
         self.job = f'{self.base},training_job=~"$training_job"'
         self.recorded_job = f'{self.cluster},training_job=~"$training_job"'  # recording rules
         self.by = f"{c.cluster_label}, training_job"
+
+
+def save_windows(s: _Selectors) -> str:
+    """Each save of a job as one series of event times, in milliseconds, that Grafana's
+    Prometheus annotations ("series value as timestamp") merge into a region running exactly
+    from the save's start to its durable commit, from the exporter's own timestamps.
+
+    Grafana starts a region at a series' first value and extends it by every later value no
+    more than one query step ($__interval_ms, the step the backend runs) past the region's end.
+    At evaluation time t the value is the lagged time t - 2 steps clamped into the newest save's
+    window [start, commit]: while the save is in progress its commit is not known, and the value
+    is max(start, t - 2 steps); once committed, clamp(t - 2 steps, start, commit). The value so
+    moves from the start to the commit in steps of one step and then stays at the commit: one
+    region per save, its ends the exporter's timestamps, wherever the scrapes and steps fall, as
+    long as the save is first seen within two steps of its start. A newest save that was
+    abandoned (started after the newest commit, no longer in progress) yields nothing: its region
+    ends where the exporter last saw it writing. Saves closer together than two steps can merge.
+    """
+    start = f"max by ({s.by}) (checkpoint_last_save_start_timestamp_seconds{{{s.job}}})"
+    commit = f"max by ({s.by}) (checkpoint_last_committed_timestamp_seconds{{{s.job}}})"
+    in_progress = f"max by ({s.by}) (checkpoint_saves_in_progress{{{s.job}}})"
+    lagged = "(time() - 2 * $__interval_ms / 1000)"
+    upto = f"({commit} < {lagged} or {commit} * 0 + {lagged})"  # min(commit, lagged)
+    committed = (
+        f"(({start} > {upto}) or {upto})\n"  # max(start, min(commit, lagged))
+        f"  and on ({s.by}) ({commit} >= {start})"
+    )
+    writing = (
+        f"(({start} > {lagged}) or {start} * 0 + {lagged})\n"
+        f"  and on ({s.by}) ({in_progress} > 0)\n"
+        f"  unless on ({s.by}) ({commit} >= {start})"
+    )
+    return f"1000 * (\n  ({committed})\nor\n  ({writing})\n)"
+
+
+def _annotations(s: _Selectors) -> tuple[Annotation, ...]:
+    return (
+        Annotation(
+            "Checkpoint saves", save_windows(s), title="{{training_job}}: checkpoint save",
+            text="from the save's start to its durable commit (exporter timestamps)",
+            use_value_for_time=True,
+        ),
+    )  # fmt: skip
+
+
+def _job_nodes(c: MixinConfig, s: _Selectors) -> str:
+    """The hosts of the exporters that report the chosen jobs, as a ``node`` label: a job's
+    training nodes (their node-scope exporters know it from the spool) and its shared scanners."""
+    return (
+        f'max by (node) (label_replace(checkpoint_job_info{{{s.job}}}, "node", "$1", '
+        f"{json.dumps(c.node_label)}, {json.dumps(c.node_regex)}))"
+    )
+
+
+def _on_job_nodes(c: MixinConfig, s: _Selectors, by: str, series: str, label: str) -> str:
+    """``series`` (another exporter's) for the chosen jobs' nodes, reduced by ``node`` + ``by``."""
+    return (
+        f'max by (node, {by}) (label_replace({series}, "node", "$1", {json.dumps(label)}, '
+        f"{json.dumps(c.node_regex)}))\nand on (node) {_job_nodes(c, s)}"
+    )
+
+
+def _window(c: MixinConfig, s: _Selectors) -> list[Section]:
+    """The checkpoint window: which saves ran when, on which node, and what the node's own
+    exporters saw its NICs, disks and GPUs do meanwhile."""
+    rate = "$__rate_interval"
+    ne, dcgm = c.node_exporter_selector, c.dcgm_selector
+    node = (NODE_EXPORTER,)
+
+    def node_rate(metric: str, by: str, extra: str = "") -> str:
+        return _on_job_nodes(c, s, by, f"rate({metric}{{{ne}{extra}}}[{rate}])", c.node_label)
+
+    return [
+        Section("The checkpoint window (saves shaded: start to durable commit)", (
+            Panel("Saves in progress per job and node", (
+                Query(f"max by ({s.by}, instance) (checkpoint_saves_in_progress{{{s.job}}})",
+                      "{{training_job}} {{instance}}"),
+            ), kind="state-timeline", wide=True,
+               description="The exporter's view of each durable tier: saves written, not yet "
+                           "committed."),
+            Panel("Network sent per node (node_exporter)", (
+                Query(node_rate("node_network_transmit_bytes_total", "device", ',device!="lo"'),
+                      "{{node}} {{device}}", node),
+            ), unit="Bps"),
+            Panel("InfiniBand sent per node (node_exporter)", (
+                Query(node_rate("node_infiniband_port_data_transmitted_bytes_total",
+                                "device, port"),
+                      "{{node}} {{device}} port {{port}}", node),
+            ), unit="Bps"),
+            Panel("Disk written per node (node_exporter)", (
+                Query(node_rate("node_disk_written_bytes_total", "device"), "{{node}} {{device}}",
+                      node),
+            ), unit="Bps"),
+            Panel("GPU utilisation per node (dcgm-exporter)", (
+                Query(_on_job_nodes(c, s, "gpu", f"DCGM_FI_DEV_GPU_UTIL{{{dcgm}}}",
+                                    c.dcgm_node_label),
+                      "{{node}} GPU {{gpu}}", (DCGM_EXPORTER,)),
+            ), unit="percent"),
+        )),
+    ]  # fmt: skip
+
+
+def _symptoms_and_interval(c: MixinConfig, s: _Selectors) -> list[Section]:
+    rate = "$__rate_interval"
+    recorded = s.recorded_job
+    return [
+        Section("Diagnosis (the seed article's bottleneck matrix)", (
+            Panel("Saves diagnosed per symptom", (
+                Query(f"max by ({s.by}, symptom) (increase("
+                      f"checkpoint_save_symptoms_total{{{s.job}}}[{rate}]))",
+                      "{{training_job}} {{symptom}}", (SYMPTOMS,)),
+            ), description="Each symptom's runbook section holds the matrix's first evidence "
+                           "and controlled next test."),
+            Panel("The newest save's symptoms", (
+                Query(f"max by ({s.by}, symptom) (checkpoint_last_save_symptom_info{{{s.job}}})",
+                      "{{training_job}} {{symptom}}", (SYMPTOMS,)),
+            ), kind="state-timeline"),
+        )),
+        Section("The live interval (Young and Daly on the measured save cost)", (
+            Panel("Configured against recommended interval", (
+                Query(f"{rules.INTERVAL}{{{recorded}}}", "{{training_job}} configured"),
+                Query(f"{rules.YOUNG}{{{recorded}}}", "{{training_job}} Young", (MTBF,)),
+                Query(f"{rules.DALY}{{{recorded}}}", "{{training_job}} Daly", (MTBF,)),
+            ), unit="s", description="CheckpointIntervalOffOptimum tickets when the configured "
+                                     "interval stays over twice or under half Young's for a day."),
+            Panel("Time lost to saves and rework: configured against optimal interval", (
+                Query(f"{rules.WASTE_CONFIGURED}{{{recorded}}}", "{{training_job}} configured",
+                      (MTBF,)),
+                Query(f"{rules.WASTE_OPTIMAL}{{{recorded}}}", "{{training_job}} at Young's",
+                      (MTBF,)),
+            ), unit="percentunit"),
+        )),
+    ]  # fmt: skip
 
 
 def _overview(c: MixinConfig, s: _Selectors) -> list[Section]:
@@ -145,6 +311,8 @@ def _job(c: MixinConfig, s: _Selectors) -> list[Section]:
                       "{{training_job}} {{instance}} before"),
             ), unit="percentunit"),
         )),
+        *_window(c, s),
+        *_symptoms_and_interval(c, s),
     ]  # fmt: skip
 
 
@@ -224,6 +392,28 @@ DASHBOARDS = {
     "checkpoint-storage": ("Checkpoints / Storage", _storage),
     "checkpoint-restores": ("Checkpoints / Restores", _restores),
 }
+# The dashboards whose time axis carries the save windows.
+ANNOTATED = ("checkpoint-overview", "checkpoint-job")
+
+
+def annotations_of(uid: str, c: MixinConfig) -> tuple[Annotation, ...]:
+    return _annotations(_Selectors(c)) if uid in ANNOTATED else ()
+
+
+def _annotation_json(annotation: Annotation) -> dict[str, object]:
+    return {
+        "datasource": DATASOURCE,
+        "enable": True,
+        "hide": False,
+        "iconColor": annotation.color,
+        "name": annotation.name,
+        "expr": annotation.expr,
+        "step": "",  # Grafana's own step for the range; save_windows adapts to it
+        "titleFormat": annotation.title,
+        "textFormat": annotation.text,
+        "tagKeys": annotation.tags,
+        "useValueForTime": annotation.use_value_for_time,
+    }
 
 
 def _templating(c: MixinConfig) -> Templating:
@@ -254,14 +444,29 @@ def _templating(c: MixinConfig) -> Templating:
     )
 
 
+_STATE_MAPPINGS = [
+    {"type": "value", "options": {"0": {"text": "idle", "color": "transparent", "index": 0}}},
+    {"type": "range", "options": {"from": 1, "to": None,
+                                  "result": {"text": "saving", "color": "orange", "index": 1}}},
+]  # fmt: skip
+
+
 def _grafana_panels(sections: list[Section]) -> list[object]:
     panels: list[object] = []
     y = 0
     for section in sections:
         panels.append(RowPanel(title=section.title, gridPos=GridPos(h=1, w=24, x=0, y=y)))
         y += 1
-        for index, panel in enumerate(section.panels):
-            position = GridPos(h=8, w=12, x=12 * (index % 2), y=y + 8 * (index // 2))
+        column = 0  # panels so far in the current two-panel row
+        for panel in section.panels:
+            if panel.wide and column:
+                y, column = y + 8, 0
+            width = 24 if panel.wide else 12
+            position = GridPos(h=8, w=width, x=12 * column, y=y)
+            if panel.wide or column:
+                y, column = y + 8, 0
+            else:
+                column = 1
             targets = [
                 Target(
                     expr=q.expr,
@@ -277,9 +482,14 @@ def _grafana_panels(sections: list[Section]) -> list[object]:
             )  # fmt: skip
             if panel.kind == "stat":
                 panels.append(Stat(**common, format=panel.unit, reduceCalc="lastNotNull"))
+            elif panel.kind == "state-timeline":
+                # In-progress counts read as idle / saving; any other value (a symptom's info
+                # gauge) as itself.
+                mappings = _STATE_MAPPINGS if "saves_in_progress" in targets[0].expr else []
+                panels.append(StateTimeline(**common, mappings=mappings))
             else:
                 panels.append(TimeSeries(**common, unit=panel.unit))
-        y += 8 * ((len(section.panels) + 1) // 2)
+        y += 8 * column
     return panels
 
 
@@ -291,6 +501,7 @@ def dashboard_json(uid: str, config: MixinConfig | None = None) -> str:
         uid=uid,
         tags=["checkpoint-exporter"],
         templating=_templating(c),
+        annotations=Annotations(list=[_annotation_json(a) for a in annotations_of(uid, c)]),
         panels=_grafana_panels(build(c, _Selectors(c))),
         timezone="utc",
         refresh="30s",
@@ -301,12 +512,27 @@ def dashboard_json(uid: str, config: MixinConfig | None = None) -> str:
     )
 
 
-def queries(config: MixinConfig | None = None) -> list[tuple[str, str, str]]:
-    """(dashboard uid, panel title, PromQL) for every panel query, with variables unresolved."""
+def queries(
+    config: MixinConfig | None = None, provided: tuple[str, ...] | frozenset[str] = ()
+) -> list[tuple[str, str, str]]:
+    """(dashboard uid, panel title, PromQL) for every panel query, with variables unresolved,
+    that needs nothing beyond the exporters' own series and what ``provided`` names (from
+    REQUIREMENTS: node_exporter's series, a job's MTBF, a diagnosed save)."""
     c = config or MixinConfig()
     out = []
     for uid, (_, build) in DASHBOARDS.items():
         for section in build(c, _Selectors(c)):
             for panel in section.panels:
-                out += [(uid, panel.title, query.expr) for query in panel.queries]
+                out += [
+                    (uid, panel.title, query.expr)
+                    for query in panel.queries
+                    if set(query.requires) <= set(provided)
+                ]
     return out
+
+
+def annotation_queries(config: MixinConfig | None = None) -> list[tuple[str, str, str]]:
+    """(dashboard uid, annotation name, PromQL) for every annotation, variables unresolved
+    (these use $__interval_ms, the query step, which a panel query never needs)."""
+    c = config or MixinConfig()
+    return [(uid, a.name, a.expr) for uid in DASHBOARDS for a in annotations_of(uid, c)]
