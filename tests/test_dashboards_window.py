@@ -94,7 +94,9 @@ class Targets:
         for node in JOB_NODES:
             job = f'training_job="{JOB}",instance="{node}:25780"'
             lines += [
-                f'checkpoint_job_info{{{job},layout="dcp",tier="durable",path="/ckpt"}} 1',
+                # Every process that knows a job exports this; checkpoint_job_info only where it
+                # reads a tier of it (not a node-scope process for a job on a shared tree).
+                f"checkpoint_restores_total{{{job}}} 0",
                 f"checkpoint_interval_seconds{{{job}}} 600",
                 f"checkpoint_deadline_seconds{{{job}}} 60",
                 f"checkpoint_mtbf_seconds{{{job}}} 86400",

@@ -138,9 +138,11 @@ def _annotations(s: _Selectors) -> tuple[Annotation, ...]:
 
 def _job_nodes(c: MixinConfig, s: _Selectors) -> str:
     """The hosts of the exporters that report the chosen jobs, as a ``node`` label: a job's
-    training nodes (their node-scope exporters know it from the spool) and its shared scanners."""
+    training nodes (their node-scope exporters know it from the spool) and its shared scanners.
+    Read from a series every process that knows a job exports (checkpoint_job_info lists only
+    the tiers a process reads: none on a node whose job is all on a shared tree)."""
     return (
-        f'max by (node) (label_replace(checkpoint_job_info{{{s.job}}}, "node", "$1", '
+        f'max by (node) (label_replace(checkpoint_restores_total{{{s.job}}}, "node", "$1", '
         f"{json.dumps(c.node_label)}, {json.dumps(c.node_regex)}))"
     )
 
