@@ -17,7 +17,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+from checkpoint_exporter.demo.cluster import JOBS, SYMPTOMS_OF
 from checkpoint_exporter.demo.cluster import dcp_metadata as demo_metadata
+from checkpoint_exporter.model import SYMPTOMS
 from checkpoint_exporter.sources import dcp_metadata
 from tests.conftest import CLI, REPO, require_tool, sample, wait_for
 
@@ -101,6 +103,47 @@ def test_the_demo(tmp_path: Path) -> None:
             f"{base}/", "--window-size=1280,2200", f"--screenshot={ARTIFACTS / 'landing.png'}"
         )
         assert (ARTIFACTS / "landing.png").stat().st_size > 10_000, shot.stderr
+
+        # Each injected fault is diagnosed as its symptom, on its job; clean saves as none.
+        expected = {
+            job.name: {
+                s for fault in (job.fault, job.second_fault) for s in SYMPTOMS_OF.get(fault, ())
+            }
+            for job in JOBS
+        }
+        assert set().union(*expected.values()) >= {
+            "straggler", "commit_bound", "staging_bound", "unrestorable",
+        }  # fmt: skip
+
+        def symptoms() -> dict[str, dict[str, float]]:
+            text = metrics()
+            return {
+                job: {
+                    s: sample(text, "checkpoint_save_symptoms_total", training_job=job, symptom=s)
+                    for s in SYMPTOMS
+                }
+                for job in expected
+            }
+
+        def every_fault_diagnosed() -> bool:
+            seen = symptoms()
+            return all((seen[job][s] or 0) >= 1 for job, wanted in expected.items() for s in wanted)
+
+        wait_for(
+            every_fault_diagnosed, timeout=max(5.0, 125 - (time.monotonic() - started)), interval=2
+        )
+        seen = symptoms()
+        for job, wanted in expected.items():
+            # Every symptom is exported from the start (rate() works), and a clean save adds none.
+            assert all(value is not None for value in seen[job].values()), (job, seen[job])
+            unexpected = {s: v for s, v in seen[job].items() if s not in wanted and v}
+            assert unexpected == {}, (job, unexpected)
+        saves = {
+            job: sample(metrics(), "checkpoint_saves_committed_total", training_job=job) or 0
+            for job in expected
+        }
+        # More saves than faulty ones were diagnosed: clean ones among them, with no symptom.
+        assert sum(saves.values()) > sum(sum(v or 0 for v in s.values()) for s in seen.values())
     finally:
         demo.send_signal(signal.SIGINT)  # what Ctrl-C sends
         output, _ = demo.communicate(timeout=60)

@@ -156,6 +156,14 @@ def test_a_job_known_from_the_spool_alone_exports_its_ranks_clocks_only() -> Non
     assert families >= FROM_THIS_NODE
     assert not (FROM_THE_TREE | DEADLINE_ACCOUNT | OBJECTIVES) & families
     assert sample(spool_only, "checkpoint_last_save_phase_seconds", phase="pause") == 1.0
+    # Its symptom counters only where it diagnosed one; every symptom where a tree is read.
+    counted = replace(
+        _job(durable_scanned=False, staging_scanned=False), save_symptoms=(("straggler", 2),)
+    )
+    symptoms = "checkpoint_save_symptoms_total"
+    assert sample(_render(counted), symptoms, symptom="straggler") == 2
+    assert sample(_render(counted), symptoms, symptom="contention") is None
+    assert sample(_render(_job(durable_scanned=True)), symptoms, symptom="contention") == 0
 
 
 def test_shard_info_only_when_told() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import os
 import re
 import stat
@@ -153,6 +154,58 @@ class TelemetryConfig:
     retention: float = 3600.0  # how far back samples are kept: the longest save to correlate
 
 
+@dataclass(frozen=True)
+class DiagnosisThresholds:
+    """When a finished save is diagnosed with a symptom of the seed article's bottleneck matrix
+    (section 7; core/diagnosis.py applies them, docs/runbooks.md argues them per symptom).
+
+    Every share has an absolute floor beside it, so a one-second save's noise (thread start-up,
+    a scheduler tick) never reads as a bottleneck, and a clean save -- phases in proportion,
+    ranks within a fraction of a second, no neighbour, GPUs as busy as before -- has none.
+
+    - ``straggler_share`` / ``straggler_seconds``: the spread of the local ranks' write ends is
+      over 25 % of the save's total and over 1 s. Ranks of one balanced save finish within a
+      few percent of each other; a quarter of the save spent waiting for one rank is the
+      matrix's "one server finishes much later".
+    - ``commit_share`` / ``commit_seconds``: the final completion after the last rank's payload
+      write (commit marker, metadata, rename) takes over half the total and over 1 s: more time
+      finishing than moving bytes is "fast payload write, slow final completion".
+    - ``staging_share`` / ``staging_seconds``: training was held before any payload moved (the
+      shorter of the pause and the staging phase) for over half the total and over 1 s; when
+      network telemetry saw traffic in the window, at most ``staging_network_share`` (25 %) of
+      it came during that stall ("the pause passes before network traffic rises").
+    - ``contention_deadline_share``: the save took over 80 % of its deadline while another
+      job's save overlapped it, no local cause (straggler, commit, staging) explains it, and the
+      job's recent saves without an overlapping neighbour stayed under that share (their
+      median): "single job is fast, several jobs miss the window". 80 % is the margin an
+      operator is told to keep; a save that only overlaps is not a symptom.
+    - ``backlog_saves`` / ``backlog_growth`` / ``backlog_in_flight``: the last 3 saves each took
+      longer than the one before, the newest at least 1.5 times the oldest of them, and at least
+      one more generation was still in flight (in progress, or committed on staging and not yet
+      drained) when this one ended: "async saves become progressively slower".
+    - ``gpu_share`` / ``gpu_baseline``: mean GPU utilisation in the window under half its
+      baseline just before the save, when that baseline was at least 20 % (an idle GPU cannot
+      be disturbed): "training slows only during storage writes".
+    - ``telemetry_grace``: how long after a save's end its diagnosis waits for the window's
+      telemetry (the sampler correlates it 1.5 samples after the end) before it is made without.
+    """
+
+    straggler_share: float = 0.25
+    straggler_seconds: float = 1.0
+    commit_share: float = 0.5
+    commit_seconds: float = 1.0
+    staging_share: float = 0.5
+    staging_seconds: float = 1.0
+    staging_network_share: float = 0.25
+    contention_deadline_share: float = 0.8
+    backlog_saves: int = 3
+    backlog_growth: float = 1.5
+    backlog_in_flight: int = 1
+    gpu_share: float = 0.5
+    gpu_baseline: float = 0.2
+    telemetry_grace: float = 10.0
+
+
 def hashmod(name: str, modulus: int) -> int:
     """Prometheus' ``hashmod`` relabel action on one label value: the last 8 bytes of the md5
     digest as a big-endian unsigned integer, modulo ``modulus`` -- so an operator can check which
@@ -234,6 +287,7 @@ class Config:
     jobs: tuple[JobConfig, ...] = ()
     discover: tuple[DiscoverConfig, ...] = ()
     serving: Serving = field(default_factory=Serving)  # from the flags, not the file
+    diagnosis: DiagnosisThresholds = field(default_factory=DiagnosisThresholds)
 
 
 # --- values -------------------------------------------------------------------------------
@@ -350,6 +404,41 @@ SCAN_FIELDS = (
     Field("metadata_memory_bytes", whole_number(64 << 20, 1 << 40)),
 )
 
+
+def _share(value: object) -> float:
+    """A share of a save's time or of a baseline, in (0, 1]."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        raise ValueError(f"expected a number above 0 and at most 1, got {shown(value)}")
+    if not 0 < value <= 1:
+        raise ValueError(f"must be above 0 and at most 1, got {shown(value)}")
+    return float(value)
+
+
+def _growth(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        raise ValueError(f"expected a number of at least 1, got {shown(value)}")
+    if not 1 <= value <= 1000:
+        raise ValueError(f"must be at least 1 and at most 1000 (a ratio), got {shown(value)}")
+    return float(value)
+
+
+DIAGNOSIS_FIELDS = (
+    Field("straggler_share", _share),
+    Field("straggler_seconds", positive_duration),
+    Field("commit_share", _share),
+    Field("commit_seconds", positive_duration),
+    Field("staging_share", _share),
+    Field("staging_seconds", positive_duration),
+    Field("staging_network_share", _share),
+    Field("contention_deadline_share", _share),
+    Field("backlog_saves", whole_number(2, 12)),  # a job remembers 12 saves
+    Field("backlog_growth", _growth),
+    Field("backlog_in_flight", whole_number(1, MAX_COUNT)),
+    Field("gpu_share", _share),
+    Field("gpu_baseline", _share),
+    Field("telemetry_grace", positive_duration),
+)
+
 # config_file is added where the base directory of relative paths is known.
 WEB_FIELDS = (
     Field("listen_address", _listen_address),
@@ -357,7 +446,7 @@ WEB_FIELDS = (
 )
 
 # Sections parsed on their own below, and the top-level values parsed here.
-_TOP_SECTIONS = ("web", "paths", "telemetry", "scan", "defaults", "jobs", "discover")
+_TOP_SECTIONS = ("web", "paths", "telemetry", "scan", "defaults", "jobs", "discover", "diagnosis")
 
 
 def _top_fields(path: Parser) -> tuple[Field, ...]:
@@ -535,6 +624,9 @@ def _parse(
         jobs=_jobs(problems, top.get("jobs"), path, defaults, serving),
         discover=_discover(problems, top.get("discover"), path, defaults, serving),
         serving=serving,
+        diagnosis=DiagnosisThresholds(
+            **problems.check(top.get("diagnosis"), ("diagnosis",), DIAGNOSIS_FIELDS)
+        ),
     )
     overrides = {key: top[key] for key in ("spool", "spool_retention") if key in top}
     return replace(config, **overrides)
@@ -683,6 +775,14 @@ def config_to_dict(config: Config) -> dict[str, Any]:
             "metadata_memory_bytes": config.scan.metadata_memory_bytes,
         },
         "defaults": _policy_dict(config.defaults),
+        "diagnosis": {
+            f.key: (
+                format_duration(getattr(config.diagnosis, f.key))
+                if f.parse is positive_duration
+                else getattr(config.diagnosis, f.key)
+            )
+            for f in DIAGNOSIS_FIELDS
+        },
         "jobs": [
             {
                 "name": job.name,

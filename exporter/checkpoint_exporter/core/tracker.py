@@ -13,12 +13,13 @@ from __future__ import annotations
 import bisect
 import itertools
 import logging
+import math
 import time
 from collections import Counter, OrderedDict, deque
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field, replace
 
-from checkpoint_exporter.config import Config, JobConfig, Policy
+from checkpoint_exporter.config import Config, DiagnosisThresholds, JobConfig, Policy
 from checkpoint_exporter.core.clocks import (
     SETTLE_SECONDS,
     Clocks,
@@ -27,6 +28,7 @@ from checkpoint_exporter.core.clocks import (
     Timeline,
     save_key,
 )
+from checkpoint_exporter.core.diagnosis import PastSave, SaveFacts, diagnose, overlaps
 from checkpoint_exporter.core.drain import DrainState, drain_state
 from checkpoint_exporter.model import (
     ABORTED,
@@ -35,6 +37,7 @@ from checkpoint_exporter.model import (
     DURABLE,
     PHASES,
     STAGING,
+    SYMPTOMS,
     WRITING,
     DaemonState,
     FilesystemState,
@@ -66,6 +69,19 @@ RESTORE_EXPIRY = 6 * 3600.0
 # ``next_due`` answers just past a deadline, since the deadlines compare strictly.
 TICK_MARGIN = 0.01
 _VERSIONS = itertools.count(1)  # every JobTracker's versions, process-wide (see _touch)
+COUNTED_KEYS = 256  # saves (and restored generations) whose counted symptoms are remembered
+Spans = Callable[[str], list[tuple[float, float]]]  # other jobs' save spans, by job name
+
+
+@dataclass
+class _Pending:
+    """A finished save waiting for its window's telemetry before it is diagnosed."""
+
+    record: SaveRecord
+    key: SaveKey | None
+    live: bool
+    facts: SaveFacts
+    due: float  # local clock: diagnosed without telemetry from then on
 
 
 class Histogram:
@@ -211,6 +227,17 @@ class JobTracker:
     # plus detection latency, so the largest recent sample is the best estimate of the offset.
     _skew_samples: deque[float] = field(default_factory=lambda: deque(maxlen=SKEW_SAMPLES))
     _drained_counted: set[str] = field(default_factory=set)
+    # Diagnosis (core/diagnosis.py): the thresholds and the other jobs' save spans come from the
+    # Tracker; alone (a test, a tool) a job sees no neighbours.
+    thresholds: DiagnosisThresholds = field(default_factory=DiagnosisThresholds)
+    telemetry_grace: float | None = None  # None: thresholds.telemetry_grace
+    neighbours: Spans | None = None
+    last_save_symptoms: tuple[str, ...] = ()
+    symptom_counts: Counter[str] = field(default_factory=Counter)
+    _pending: _Pending | None = None
+    # Per save (or restored generation) key, the symptoms already counted: a save accounted
+    # twice (the disk's commit first, its ranks' events later) counts each symptom once.
+    _counted: OrderedDict[object, set[str]] = field(default_factory=OrderedDict)
 
     def __post_init__(self) -> None:
         self.layout = self.layout or self.policy.layout
@@ -409,6 +436,8 @@ class JobTracker:
             self._writing = any(gen.state == WRITING for gen in self._gens.values())
         if (self.clocks.saves or self.clocks.restores) and self._settle(now):
             self._touch()
+        if self._pending is not None and now >= self._pending.due:
+            self._diagnose(None)  # its telemetry never came (none on this node, or too late)
 
     def next_due(self, now: float) -> float | None:
         """When ``tick`` next has something to do (an abort deadline, a spool timeline to settle
@@ -436,6 +465,8 @@ class JobTracker:
             due.append(timeline.first_seen + expired + TICK_MARGIN)
         for run in self.clocks.restores.values():
             due.append(run.first_seen + RESTORE_EXPIRY + TICK_MARGIN)
+        if self._pending is not None:
+            due.append(self._pending.due + TICK_MARGIN)
         return min(due, default=None)
 
     def _two_tier(self) -> bool:
@@ -523,6 +554,7 @@ class JobTracker:
                 tuple(sorted(phases.items())), "late" if late else "ok",
             )  # fmt: skip
             self.recent_saves.append(record)
+            self._await_diagnosis(record, key, live, phases, timeline, window)
         if not live:
             return
         for phase, seconds in phases.items():
@@ -569,9 +601,141 @@ class JobTracker:
                 self.lost_generations += 1  # deleted from staging before reaching durable
         self.drain = state
 
-    def set_window_telemetry(self, telemetry: WindowTelemetry) -> None:
+    def set_window_telemetry(
+        self, telemetry: WindowTelemetry, stall_network_bytes: float | None = None
+    ) -> None:
+        """What this node's devices did during the newest save; ``stall_network_bytes``: the
+        network bytes sent while training was held before its payload moved (``stall_window``)."""
         self.window_telemetry = telemetry
         self._touch()
+        pending = self._pending
+        if pending is not None and (telemetry.start, telemetry.end) == (
+            pending.facts.start,
+            pending.facts.end,
+        ):
+            self._diagnose(telemetry, stall_network_bytes)
+
+    # --- diagnosis (core/diagnosis.py) ---------------------------------------------------------
+
+    def stall_window(self) -> tuple[float, float] | None:
+        """The part of the save awaiting diagnosis during which training was held before its
+        payload moved (the shorter of its pause and staging phases); None when not known."""
+        pending = self._pending
+        if pending is None:
+            return None
+        known = [pending.facts.phases[p] for p in ("pause", "staging") if p in pending.facts.phases]
+        return (pending.facts.start, pending.facts.start + min(known)) if known else None
+
+    def busy_spans(self) -> list[tuple[float, float]]:
+        """When this job's saves held the storage path: finished saves, and saves in progress
+        (open-ended), on the local clock."""
+        spans = [(record.start, record.end) for record in self.recent_saves]
+        for timeline in self.clocks.saves.values():
+            starts = [e["save_start"] for e in timeline.ranks.values() if "save_start" in e]
+            if starts:
+                spans.append((min(starts), math.inf))
+        for gen in self._gens.values():
+            if gen.state == WRITING and not gen.found.alias and not gen.history:
+                spans.append((self.local_time(gen.start_time), math.inf))
+        return spans
+
+    def _await_diagnosis(
+        self, record: SaveRecord, key: SaveKey | None, live: bool, phases: dict[str, float],
+        timeline: Timeline | None, window: tuple[float, float],
+    ) -> None:  # fmt: skip
+        """Hold the save until its window's telemetry is known (or the grace passed)."""
+        if self._pending is not None and self._pending.key != key:
+            self._diagnose(None)  # a newer save took the window: its telemetry will not come
+        commit_tail = None
+        if timeline is not None:
+            written = [e["written"] for e in timeline.ranks.values() if "written" in e]
+            committed = [e["committed"] for e in timeline.ranks.values() if "committed" in e]
+            if written and committed:
+                commit_tail = max(0.0, max(committed) - max(written))
+        facts = SaveFacts(
+            start=window[0], end=window[1], phases=dict(phases),
+            deadline=self.policy.deadline,
+            write_spread=timeline.write_spread() if timeline is not None else None,
+            commit_tail=commit_tail, in_flight=self._in_flight(key),
+        )  # fmt: skip
+        grace = (
+            self.thresholds.telemetry_grace
+            if self.telemetry_grace is None
+            else self.telemetry_grace
+        )
+        self._pending = _Pending(record, key, live, facts, window[1] + grace)
+        telemetry = self.window_telemetry
+        if telemetry is not None and (telemetry.start, telemetry.end) == window:
+            self._diagnose(telemetry)  # accounted again: its telemetry is already in
+
+    def _in_flight(self, key: SaveKey | None) -> int:
+        """Other generations of the job still in flight: being written on either tier, or
+        committed on staging and not yet on the durable tier."""
+        durable = {
+            g.found.id for (t, _), g in self._gens.items() if t == DURABLE and g.state == COMMITTED
+        }
+        ids = set()
+        for (tier, gen_id), gen in self._gens.items():
+            if gen.found.alias or (key is not None and self._save_key(gen) == key):
+                continue
+            waiting = tier == STAGING and gen.state == COMMITTED and gen_id not in durable
+            if (gen.state == WRITING and not gen.history) or waiting:
+                ids.add(gen_id)
+        others = sum(1 for k in self.clocks.saves if k != key)
+        return max(len(ids), others)
+
+    def _diagnose(
+        self, telemetry: WindowTelemetry | None, stall_network_bytes: float | None = None
+    ) -> None:
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        spans = self.neighbours(self.name) if self.neighbours is not None else []
+        facts = pending.facts
+        history, seen = [], {facts.start}
+        for record in self.recent_saves:
+            total = dict(record.phases).get("total")
+            if record is pending.record or record.start in seen or total is None:
+                continue  # itself, a save accounted twice, or an aborted one
+            if record.start < facts.start:
+                seen.add(record.start)
+                history.append(PastSave(total, overlaps(record.start, record.end, spans)))
+        facts = replace(
+            facts, window=telemetry, stall_network_bytes=stall_network_bytes,
+            overlapped=overlaps(facts.start, facts.end, spans), history=tuple(history),
+        )  # fmt: skip
+        symptoms = diagnose(facts, self.thresholds)
+        self._mark(pending.record, symptoms, pending.key, pending.live)
+
+    def _mark(
+        self, record: SaveRecord | None, symptoms: tuple[str, ...], key: object, live: bool
+    ) -> None:
+        """Add ``symptoms`` to a save's record (and to the newest save's verdict when it is that
+        one), counting each once per save."""
+        self._touch()
+        if record is not None:
+            merged = tuple(s for s in SYMPTOMS if s in symptoms or s in record.symptoms)
+            marked = replace(record, symptoms=merged)
+            for index, other in enumerate(self.recent_saves):
+                if other is record:
+                    self.recent_saves[index] = marked
+            if self._newest_save() is marked:
+                self.last_save_symptoms = merged
+        if not live:
+            return  # history sets the record, never a counter
+        counted = self._counted.setdefault(key, set())
+        self._counted.move_to_end(key)
+        while len(self._counted) > COUNTED_KEYS:
+            self._counted.popitem(last=False)
+        for symptom in symptoms:
+            if symptom not in counted:
+                counted.add(symptom)
+                self.symptom_counts[symptom] += 1
+
+    def _newest_save(self) -> SaveRecord | None:
+        """The newest finished (not aborted) save: the one checkpoint_last_save_symptom_info
+        describes."""
+        return next((r for r in reversed(self.recent_saves) if r.outcome != "aborted"), None)
 
     # --- spool events ------------------------------------------------------------------------
 
@@ -642,6 +806,20 @@ class JobTracker:
         if run.live:
             self.restores += 1
             self.restore_failures += 0 if run.succeeded else 1
+        if not run.succeeded:
+            self._unrestorable(run, ended)
+
+    def _unrestorable(self, run: RestoreRun, ended: float) -> None:
+        """A restore failed: the save it was of (or, not remembered, the newest) is marked
+        unrestorable, counted once per generation however often its restores fail."""
+        step = run.key[1] if run.key is not None and run.key[0] == "step" else None
+        record = None
+        if step is not None:
+            record = next((r for r in reversed(self.recent_saves) if r.step == step), None)
+        if record is None:
+            record = self._newest_save()
+        key = ("restore", run.key) if run.key is not None else ("restore", ended)
+        self._mark(record, ("unrestorable",), key, run.live)
 
     def _stalled(self, gen: _Gen, now: float) -> bool:
         limit = self._stall_limit(gen)
@@ -806,6 +984,8 @@ class JobTracker:
                 if phase == "total" or self.durations[phase].count
             ),
             last_phases=tuple(sorted(self.last_phases.items())),
+            last_save_symptoms=self.last_save_symptoms,
+            save_symptoms=tuple((s, self.symptom_counts[s]) for s in SYMPTOMS),
             last_write_end=self.last_write_end,
             last_write_spread=self.last_write_spread,
             restores=self.restores,
@@ -855,16 +1035,29 @@ class Tracker:
     """Every job's tracker, and the published snapshot."""
 
     def __init__(self, config: Config):
-        self.jobs: dict[str, JobTracker] = {
-            job.name: JobTracker(job.name, job_paths(job), job.policy)
-            for job in config.jobs
-            if config.serving.tracks(job.name)  # a shared-scope process: its shard's jobs only
-        }
+        self.diagnosis = config.diagnosis
+        # A save's diagnosis waits for its window's telemetry, correlated 1.5 samples after its
+        # end: a slow sampler gets a longer grace.
+        self.telemetry_grace = max(
+            config.diagnosis.telemetry_grace, 3 * config.telemetry.sample_interval
+        )
+        self.jobs: dict[str, JobTracker] = {}
+        for job in config.jobs:
+            if config.serving.tracks(job.name):  # a shared-scope process: its shard's jobs only
+                self.add(JobTracker(job.name, job_paths(job), job.policy))
         self.snapshot = Snapshot(taken_at=time.time(), daemon=DaemonState())
         self._published: dict[str, JobState] = {}  # in the order of ``jobs``
 
     def add(self, job: JobTracker) -> None:
+        job.thresholds, job.telemetry_grace = self.diagnosis, self.telemetry_grace
+        job.neighbours = self.spans_of_others
         self.jobs[job.name] = job
+
+    def spans_of_others(self, name: str) -> list[tuple[float, float]]:
+        """Every other job's save spans on this node (for the contention diagnosis)."""
+        return [
+            span for other, job in self.jobs.items() if other != name for span in job.busy_spans()
+        ]
 
     def forget(self, name: str) -> None:
         self.jobs.pop(name, None)

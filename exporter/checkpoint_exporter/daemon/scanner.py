@@ -1100,7 +1100,13 @@ class Scanner:
         if (done is not None and (done.start, done.end) == (start, end)) or wall < end + settle:
             return
         disks = {tier.disk for tier in source.tiers if tier.disk}
-        job.set_window_telemetry(self.telemetry.correlate(start, end, disks))
+        # The diagnosis (staging_bound) asks whether the network was quiet while training was
+        # held before the payload moved: the same counters over that part of the window.
+        stall = job.stall_window()
+        held = None
+        if stall is not None and stall[0] == start and stall[1] > start:
+            held = self.telemetry.correlate(start, stall[1], disks).network_transmit_bytes
+        job.set_window_telemetry(self.telemetry.correlate(start, end, disks), held)
 
     def _read_spool(self) -> None:
         before = self.spool.poll_seconds_total

@@ -4,8 +4,16 @@ The seed article's four jobs, scaled down: intervals of tens of seconds, deadlin
 seconds, a few ranks each writing shards of a few MB into real DCP directories with a valid
 ``.metadata`` (torch's own classes when torch is importable, the same pickle format without it),
 clocked through ``instrument``. One job stages on a "local NVMe" tier that a throttled drainer
-copies to the durable tier. Faults come at a steady pace: a save over its deadline, an aborted
-save, a straggling rank, a torn generation, and restore drills that pass and fail.
+copies to the durable tier. Faults come at a steady pace, each producing a symptom of the seed
+article's bottleneck matrix for real (the exporter diagnoses them: checkpoint_save_symptoms_total):
+
+- llama70b-a: a straggling rank (straggler);
+- llama70b-b: a slow final commit after a fast payload write, over the deadline (commit_bound);
+- llama70b-c: an aborted save, and a slow copy to host memory before any write (staging_bound);
+- llama70b-d: a torn generation, whose restore drill fails (unrestorable).
+
+Every other save is clean and shows no symptom. Shared-path contention, backlog and disturbed
+training need several nodes, an async writer or GPUs: the unit tests drive those.
 
 The real exporter watches it all; with the Prometheus toolchain installed, Prometheus and
 Alertmanager run the generated rules. Everything lives in one work directory; Ctrl-C stops
@@ -43,19 +51,29 @@ class DemoJob:
     shard_mb: float
     interval: float
     deadline: float
-    fault: str  # none | late | abort | straggler | torn
+    fault: str  # none | slow_commit | abort | straggler | torn | staging_bound
     staging: bool = False
+    second_fault: str = "none"  # the save after the first fault's, in each cycle
 
 
 JOBS = (
     DemoJob("llama70b-a", ranks=4, shard_mb=4, interval=20, deadline=6, fault="straggler", staging=True),
-    DemoJob("llama70b-b", ranks=4, shard_mb=4, interval=24, deadline=5, fault="late"),
-    DemoJob("llama70b-c", ranks=3, shard_mb=3, interval=28, deadline=4, fault="abort"),
+    DemoJob("llama70b-b", ranks=4, shard_mb=4, interval=24, deadline=5, fault="slow_commit"),
+    DemoJob("llama70b-c", ranks=3, shard_mb=3, interval=28, deadline=4, fault="abort",
+            second_fault="staging_bound"),
     DemoJob("llama70b-d", ranks=2, shard_mb=2, interval=30, deadline=4, fault="torn"),
 )  # fmt: skip
 WRITE_MBPS_PER_RANK = 16.0  # so the write phase is visible
 DRAIN_MBPS = 40.0
-FAULT_EVERY = 3  # one save in three suffers its job's fault, the second one first
+FAULT_EVERY = 3  # the second save of every three suffers its job's fault, the third its second
+# Symptoms (model.SYMPTOMS) each fault makes the exporter diagnose.
+SYMPTOMS_OF = {
+    "straggler": ("straggler",),
+    "slow_commit": ("commit_bound",),
+    "staging_bound": ("staging_bound",),
+    "torn": ("unrestorable",),  # its restore drill fails
+    "abort": (),  # an aborted save is counted as one, not diagnosed
+}
 KEEP = 3  # retention, as keep_latest_k
 
 
@@ -142,6 +160,10 @@ class Cluster:
         for job in JOBS:
             self.durable(job).mkdir(parents=True, exist_ok=True)
             self.first_tier(job).mkdir(parents=True, exist_ok=True)
+        # Import torch (seconds) before the first save: inside a save's commit it would make
+        # that save commit-bound for real.
+        dcp_metadata({"warm-up": 1})
+        for job in JOBS:
             self._spawn(self._train, job)
             if job.staging:
                 self._spawn(self._drain, job)
@@ -163,7 +185,8 @@ class Cluster:
             self.stop.wait(max(1.0, job.interval - (time.monotonic() - started)))
 
     def _save(self, job: DemoJob, step: int) -> None:
-        fault = job.fault if self.counts[job.name] % FAULT_EVERY == 1 else "none"
+        slot = self.counts[job.name] % FAULT_EVERY
+        fault = {1: job.fault, 2: job.second_fault}.get(slot, "none")
         target = self.first_tier(job) / f"step-{step}"
         target.mkdir(parents=True, exist_ok=True)
         size = int(job.shard_mb * MB)
@@ -173,7 +196,9 @@ class Cluster:
         def rank(r: int) -> None:
             with instrument.saving(training_job=job.name, step=step, path=str(target),
                                    spool=str(self.spool), rank=r, world_size=job.ranks) as save:  # fmt: skip
-                time.sleep(0.3 + 0.05 * r)  # the training-visible copy to host memory
+                # The training-visible copy to host memory; slow (pinned memory exhausted, a
+                # planner stuck) before anything is written for a staging-bound save.
+                time.sleep(0.3 + 0.05 * r + (3.0 if fault == "staging_bound" else 0.0))
                 save.resume()
                 time.sleep(0.2)
                 save.staged()
@@ -190,7 +215,7 @@ class Cluster:
         for thread in threads:
             thread.start()
         done.wait()
-        if fault == "late":
+        if fault == "slow_commit":  # the payload is on storage; the final commit crawls
             time.sleep(job.deadline + 1.0)
         if fault != "abort":
             shards = {f"__{r}_0.distcp": size for r in range(job.ranks)}

@@ -20,6 +20,7 @@ from checkpoint_exporter.exposition.collectors.exporter import DaemonCollector
 from checkpoint_exporter.exposition.collectors.filesystem import FilesystemCollector
 from checkpoint_exporter.exposition.collectors.jobs import JobsCollector
 from checkpoint_exporter.exposition.collectors.restores import RestoresCollector
+from checkpoint_exporter.exposition.collectors.symptoms import SymptomsCollector
 from checkpoint_exporter.exposition.collectors.window import (
     DiskCollector,
     GpuCollector,
@@ -43,6 +44,9 @@ REGISTRY: dict[str, CollectorEntry] = {
     ),
     RestoresCollector.name: CollectorEntry(
         RestoresCollector, True, "restores: drills and loads reported by training jobs"
+    ),
+    SymptomsCollector.name: CollectorEntry(
+        SymptomsCollector, True, "the bottleneck-matrix diagnosis of each job's saves"
     ),
     DrainCollector.name: CollectorEntry(
         DrainCollector, True, "staging tier to durable tier: backlog, arrival and drain"
