@@ -1,5 +1,5 @@
 """The ``checkpoint-exporter`` command: serve (default) | check-config | plan | restore-drill |
-rules | dashboards | demo.
+rules | dashboards | demo | acceptance.
 
 Exit status: 0 ok, 2 usage or configuration error, 1 runtime failure.
 """
@@ -21,7 +21,9 @@ from typing import Any
 from checkpoint_exporter import __version__, logs
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
-VERBS = ("serve", "check-config", "plan", "restore-drill", "rules", "dashboards", "demo")
+VERBS = (
+    "serve", "check-config", "plan", "restore-drill", "rules", "dashboards", "demo", "acceptance",
+)  # fmt: skip
 
 log = logging.getLogger("checkpoint_exporter")
 
@@ -125,6 +127,14 @@ def _add_plan(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="print a defaults: block (interval, deadline) for the exporter config",
     )
+    parser.add_argument(
+        "--measured",
+        metavar="PROMETHEUS_URL",
+        help="also print what this Prometheus measured for --job (size, save time, per-server "
+        "bytes, objectives) beside the planned values; the job's interval, deadline and mtbf "
+        "fill the inputs not given",
+    )
+    parser.add_argument("--job", metavar="NAME", help="the training_job --measured reads")
     inputs = parser.add_argument_group("inputs (override --config and --example)")
     for name, spec in INPUT_FIELDS.items():
         meta = spec.metadata
@@ -136,6 +146,83 @@ def _add_plan(parser: argparse.ArgumentParser) -> None:
             metavar="N",
             help=f"{meta['help']}{unit} ({default})",
         )
+
+
+def _add_acceptance(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--prometheus.url",
+        dest="prometheus_url",
+        required=True,
+        metavar="URL",
+        help="the Prometheus (or Thanos / Mimir query) that scraped the exporters",
+    )
+    parser.add_argument(
+        "--from", dest="start", metavar="T", help="start: unix seconds, RFC 3339, now or now-30m"
+    )
+    parser.add_argument("--to", dest="end", metavar="T", help="end (default: now)")
+    parser.add_argument(
+        "--range",
+        dest="span",
+        metavar="DURATION",
+        help="length of the range, e.g. 10m (default 1h, or --from to now)",
+    )
+    parser.add_argument(
+        "--config.file",
+        dest="config_file",
+        metavar="FILE",
+        help="the exporter config: per-job objectives (a job it names keeps its own entry)",
+    )
+    parser.add_argument(
+        "--objectives",
+        dest="objectives_file",
+        metavar="FILE",
+        help="the agreed objectives: the output of `plan --emit-objectives` (for the jobs "
+        "--config.file does not name)",
+    )
+    parser.add_argument(
+        "--parameters",
+        metavar="N",
+        help="the model's parameter count (70e9, 70B): compare the measured checkpoint size "
+        "with N x bytes-per-parameter",
+    )
+    parser.add_argument(
+        "--bytes-per-parameter",
+        dest="bytes_per_parameter",
+        type=float,
+        default=14.0,
+        metavar="B",
+        help="the plan's assumption (default 14)",
+    )
+    parser.add_argument(
+        "--size-tolerance",
+        dest="size_tolerance",
+        type=float,
+        default=0.12,
+        metavar="F",
+        help="allowed size deviation from the plan, a fraction (default 0.12)",
+    )
+    parser.add_argument(
+        "--output",
+        default="acceptance",
+        metavar="DIR",
+        help="where acceptance.html, .json and .md go (default ./acceptance)",
+    )
+    parser.add_argument(
+        "--job",
+        dest="jobs",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="judge only this training job (repeatable; default: every job seen)",
+    )
+    parser.add_argument(
+        "--selector",
+        default='job="checkpoint-exporter"',
+        metavar="MATCHERS",
+        help="PromQL matchers finding the exporters' series, as the mixin's "
+        '(default: job="checkpoint-exporter")',
+    )
+    parser.add_argument("--log.level", dest="log_level", choices=logs.LEVELS, default="info")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -168,6 +255,13 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--duration", type=float, metavar="SECONDS", help="stop after this long")
     demo.add_argument(
         "--port", type=int, default=25780, help="the exporter's; Prometheus +10, Alertmanager +11"
+    )
+    _add_acceptance(
+        verbs.add_parser(
+            "acceptance",
+            help="judge the seed article's acceptance checklist from a Prometheus over a time "
+            "range: HTML, JSON and Markdown report; exit 1 when a measured row fails",
+        )
     )
     for verb, what, default in (
         ("rules", "alert and recording rules (and a PrometheusRule)", "alerts"),
@@ -413,6 +507,8 @@ def _plan(args: argparse.Namespace) -> int:
     import yaml
 
     from checkpoint_exporter.config import read_yaml
+    from checkpoint_exporter.plan.measured import format_comparison, planned_defaults
+    from checkpoint_exporter.plan.measured import to_dict as measured_dict
     from checkpoint_exporter.plan.worksheet import (
         INPUT_FIELDS,
         WORKED_EXAMPLE,
@@ -446,6 +542,14 @@ def _plan(args: argparse.Namespace) -> int:
         if getattr(args, name) is not None:
             raw[name] = getattr(args, name)
             sources[name] = "--" + name.replace("_", "-")
+    measured = None
+    if args.measured is not None or args.job is not None:
+        measured = _plan_measured(args)
+        if isinstance(measured, int):
+            return measured
+        defaults = planned_defaults(measured, raw)
+        raw.update(defaults)
+        sources.update({name: f"job {args.job} at {args.measured}" for name in defaults})
     try:
         result = compute(parse_inputs(raw))
     except PlanInputError as error:
@@ -453,15 +557,37 @@ def _plan(args: argparse.Namespace) -> int:
             origin = sources.get(name, "--" + name.replace("_", "-"))
             print(f"plan: {name} ({origin}): {reason}", file=sys.stderr)
         return EXIT_USAGE
+    document = result.to_dict() if measured is None else measured_dict(result, measured)
     if args.emit_objectives:
         sys.stdout.write(objectives_yaml(result))
     elif args.format == "json":
-        print(json.dumps(result.to_dict(), indent=2))
+        print(json.dumps(document, indent=2))
     elif args.format == "yaml":
-        sys.stdout.write(yaml.safe_dump(result.to_dict(), sort_keys=False))
+        sys.stdout.write(yaml.safe_dump(document, sort_keys=False))
     else:
         sys.stdout.write(format_table(result))
+        if measured is not None:
+            sys.stdout.write(format_comparison(result, measured))
     return EXIT_OK
+
+
+def _plan_measured(args: argparse.Namespace) -> Any:
+    """What the Prometheus measured for the job, or the exit status when it cannot be had."""
+    from checkpoint_exporter.plan.measured import MeasuredError, check_url, measure
+
+    if args.measured is None or not args.job:
+        print("plan: --measured PROMETHEUS_URL and --job NAME go together", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        check_url(args.measured)
+    except ValueError as error:
+        print(f"plan: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        return measure(args.measured, args.job)
+    except MeasuredError as error:
+        print(f"plan: {error}", file=sys.stderr)
+        return EXIT_FAILURE
 
 
 def _restore_drill(args: argparse.Namespace) -> int:
@@ -493,6 +619,27 @@ def _generate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _acceptance(args: argparse.Namespace) -> int:
+    from checkpoint_exporter.acceptance.run import Request, run
+
+    return run(
+        Request(
+            prometheus_url=args.prometheus_url,
+            start=args.start,
+            end=args.end,
+            span=args.span,
+            config_file=args.config_file,
+            objectives_file=args.objectives_file,
+            parameters=args.parameters,
+            bytes_per_parameter=args.bytes_per_parameter,
+            size_tolerance=args.size_tolerance,
+            output=args.output,
+            jobs=tuple(args.jobs),
+            selector=args.selector,
+        )
+    )
+
+
 def _demo(args: argparse.Namespace) -> int:
     from checkpoint_exporter.demo.cluster import run
 
@@ -510,6 +657,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "rules": _generate,
         "dashboards": _generate,
         "demo": _demo,
+        "acceptance": _acceptance,
     }[args.verb]
     try:
         return handler(args)
