@@ -253,12 +253,17 @@ class Cluster:
                 copy = self.durable(job) / generation.name
                 if not (generation / ".metadata").exists() or (copy / ".metadata").exists():
                     continue
+                files = sorted(generation.iterdir(), key=lambda p: p.name == ".metadata")
+                if len(files) != job.ranks + 1:
+                    # Retention is removing it (shutil.rmtree takes shards before .metadata):
+                    # a copy of what is left would be a torn checkpoint, committed.
+                    continue
                 copy.mkdir(exist_ok=True)
-                for file in sorted(generation.iterdir(), key=lambda p: p.name == ".metadata"):
+                for file in files:
                     try:
                         shutil.copyfile(file, copy / file.name)
                     except FileNotFoundError:
-                        break  # retention removed it meanwhile
+                        break  # retention removed it meanwhile: .metadata is never copied
                     self.stop.wait(file.stat().st_size / (DRAIN_MBPS * MB) if file.exists() else 0)
                 self._retain(self.durable(job))
 
