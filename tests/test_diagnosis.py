@@ -3,11 +3,17 @@ thresholds and their config, and the tracker that settles it once per save into 
 
 from __future__ import annotations
 
+import itertools
+import sys
+import time
+import types
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from prometheus_client.exposition import generate_latest
 
+from checkpoint_exporter import instrument
 from checkpoint_exporter.config import (
     Config,
     ConfigError,
@@ -23,7 +29,9 @@ from checkpoint_exporter.exposition.renderer import Renderer
 from checkpoint_exporter.model import (
     COMMITTED,
     DURABLE,
+    STAGING,
     SYMPTOMS,
+    WRITING,
     DaemonState,
     JobState,
     Snapshot,
@@ -31,7 +39,7 @@ from checkpoint_exporter.model import (
     WindowTelemetry,
 )
 from checkpoint_exporter.sources.layouts.base import Found
-from checkpoint_exporter.sources.spool import Event
+from checkpoint_exporter.sources.spool import Event, SpoolReader
 from tests.conftest import sample
 
 T = 1_800_000_000.0
@@ -341,3 +349,297 @@ def test_contention_needs_a_neighbour_saving_at_once() -> None:
 
 def test_the_collector_is_on_by_default() -> None:
     assert REGISTRY["symptoms"].enabled_by_default
+
+
+# --- what a review found: false and missed symptoms --------------------------------------------
+
+
+def instrument_save_events(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, start: float, seconds: float, step: int = 1
+) -> list[Event]:
+    """What instrument.save really writes for a healthy synchronous save of ``seconds`` on two
+    ranks (dcp.save replaced by one that takes that long on a fake clock), read back through
+    the spool reader the daemon uses."""
+    clock = [start]
+    fake_time = types.SimpleNamespace(time=lambda: clock[0])
+    monkeypatch.setattr(instrument, "time", fake_time)
+
+    def dcp_save(state_dict: object, *, checkpoint_id: object, **kwargs: object) -> None:
+        clock[0] += seconds
+
+    dcp = types.ModuleType("torch.distributed.checkpoint")
+    dcp.save = dcp_save  # type: ignore[attr-defined]
+    distributed = types.ModuleType("torch.distributed")
+    distributed.checkpoint = dcp  # type: ignore[attr-defined]
+    torch = types.ModuleType("torch")
+    torch.distributed = distributed  # type: ignore[attr-defined]
+    for name, module in (
+        ("torch", torch), ("torch.distributed", distributed),
+        ("torch.distributed.checkpoint", dcp),
+    ):  # fmt: skip
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    hours = itertools.count(0, 3600)  # each poll lists the spool afresh
+    reader = SpoolReader(tmp_path, monotonic=lambda: float(next(hours)))
+    reader.poll(start)  # before the save: what it writes is live, not history
+    for rank in (0, 1):
+        monkeypatch.setenv("RANK", str(rank))
+        clock[0] = start
+        instrument.save({}, checkpoint_id=f"/ckpt/j/step-{step}", training_job="j", step=step,
+                        spool=str(tmp_path))  # fmt: skip
+    events = reader.poll(start + seconds + 1)
+    assert [e.event for e in events if e.rank == 0] == [
+        "save_start",
+        "staged",
+        "written",
+        "committed",
+        "resume",
+    ]  # the order instrument.save writes
+    return events
+
+
+def synchronous_save(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> JobTracker:
+    start = time.time() - 100  # the spool reader refuses events from the future
+    tracker = job(replace(D, telemetry_grace=5.0))
+    tracker.apply_events(instrument_save_events(tmp_path, monkeypatch, start, 5.0), start + 6)
+    tracker.tick(start + 7)  # settled, waiting for its telemetry
+    assert tracker.state().last_phases
+    return tracker
+
+
+def test_a_healthy_synchronous_save_has_no_symptom_without_telemetry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tracker = synchronous_save(tmp_path, monkeypatch)
+    phases = dict(tracker.state().last_phases)
+    assert phases["pause"] >= 5.0 and phases["staging"] >= 5.0  # the whole save, by design
+    tracker.tick(tracker.state().recent_saves[-1].end + 6)  # no telemetry came
+    state = tracker.state()
+    assert state.last_save_symptoms == () and sum(counts(state).values()) == 0
+
+
+@pytest.mark.parametrize(
+    ("network", "stalled"),
+    [
+        (0.0, 0.0),  # a local disk: no network evidence either way
+        (5e9, 5e9),  # NFS: the network busy all through the pause
+    ],
+)
+def test_a_healthy_synchronous_save_is_neither_staging_bound_nor_disturbing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, network: float, stalled: float
+) -> None:
+    tracker = synchronous_save(tmp_path, monkeypatch)
+    start, end = tracker._pending.facts.start, tracker._pending.facts.end
+    # The GPUs idle while training waits for the write, as a synchronous save means them to.
+    telemetry = WindowTelemetry(start, end, network, 0.6 if network else 0.0, 5e9, 0.02, 0.9)
+    tracker.set_window_telemetry(telemetry, stalled)
+    state = tracker.state()
+    assert state.last_save_symptoms == () and sum(counts(state).values()) == 0
+
+
+def test_a_synchronous_save_is_staging_bound_only_on_network_evidence() -> None:
+    # A writer that marks ``staged`` after a 3 s copy to host memory, then writes over the
+    # network for 1 s and resumes: the network was quiet while it staged.
+    sync = phases(pause=4.2, staging=3.0, write=1.0, commit=0.2, total=4.2)
+    facts = clean(phases=sync, synchronous=True, stall_network_bytes=1e6, write_spread=None)
+    assert diagnose(facts, D) == ("staging_bound",)
+    # The same phases without network telemetry: nothing says when bytes moved.
+    assert diagnose(replace(facts, window=None, stall_network_bytes=None), D) == ()
+    # instrument.save: staged with written, at the end; the network busy through the "stall".
+    marked_late = phases(pause=4.2, staging=4.1, write=0.0, commit=0.0, total=4.2)
+    assert diagnose(replace(facts, phases=marked_late, stall_network_bytes=4e9), D) == ()
+
+
+def test_training_disturbed_discounts_the_pause() -> None:
+    # A 2 s pause of a 4 s window with the GPUs idle in it: 45 % mean utilisation is 90 % after
+    # the resume, undisturbed.
+    window = WindowTelemetry(T, T + 4, 4e9, 0.6, 4e9, 0.4, 0.9)
+    held = phases(pause=1.9, staging=0.5)
+    assert diagnose(clean(window=window, phases=held), D) == ()
+    # Even the best case (idle while held) leaves the rest under half the baseline: disturbed.
+    low = replace(window, gpu_utilization=0.2)
+    assert diagnose(clean(window=low, phases=held), D) == ("training_disturbed",)
+    # The pause covers most of the window: what came after it is too short to judge.
+    mostly = phases(pause=3.0, staging=0.5)
+    assert diagnose(clean(window=replace(window, gpu_utilization=0.01), phases=mostly), D) == ()
+
+
+def disk_first_straggler(tracker: JobTracker, grace_first: bool) -> JobState:
+    tracker.observe(DURABLE, [Found("step-100", 100, WRITING, T, T + 1, None, 10**6, 3)], T + 1)
+    found = Found("step-100", 100, COMMITTED, T, T + 4.1, T + 4.2, 10**6, 3)
+    tracker.observe(DURABLE, [found], T + 4.3)  # the disk's commit, before any event is read
+    if grace_first:
+        tracker.tick(T + 30)  # the disk-only account is diagnosed (nothing) before the events
+    tracker.apply_events(straggling_save(100, T), T + 31)
+    tracker.tick(T + 33)
+    tracker.tick(T + 60)
+    return tracker.state()
+
+
+@pytest.mark.parametrize("grace_first", [False, True])
+def test_the_disk_first_then_the_ranks_counts_their_symptoms_once(grace_first: bool) -> None:
+    state = disk_first_straggler(job(), grace_first)
+    assert state.saves_committed == 1 and state.deadline_misses + state.saves_within_deadline == 1
+    assert state.last_save_symptoms == ("straggler",)
+    assert counts(state)["straggler"] == 1 and sum(counts(state).values()) == 1
+    # One record for one save: the ranks' account replaced the disk's.
+    assert [(r.step, r.symptoms) for r in state.recent_saves] == [(100, ("straggler",))]
+    assert dict(state.recent_saves[-1].phases)["pause"] == pytest.approx(0.3)
+
+
+def test_retained_staged_generations_read_without_their_durable_tier_are_no_backlog() -> None:
+    """The cluster shape: staging read here, the durable tier shared and read elsewhere, three
+    committed generations retained on staging. Slightly slower saves are no backlog."""
+    tracker = Tracker(Config())
+    paths = (WatchedPath(STAGING, "/local/j"), WatchedPath(DURABLE, "/ckpt/j", scanned=False))
+    job_ = JobTracker("j", paths, Policy(deadline=60))
+    tracker.add(job_)
+
+    def gen(step: int, start: float, seconds: float) -> Found:
+        return Found(f"step-{step}", step, COMMITTED, start, start + seconds, start + seconds,
+                     10**6, 3)  # fmt: skip
+
+    gens = [gen(s, T - 1000 + s, 1.0) for s in (1, 2, 3)]
+    job_.observe(STAGING, list(gens), T)
+    # Each save slower than the one before by over a second: only what is in flight tells.
+    for i, (step, secs) in enumerate(((4, 4.0), (5, 5.5), (6, 7.0))):
+        start = T + 100 * (i + 1)
+        events = [
+            Event(start + offset, point, "j", step, 0, 1, "n1", None, None, None)
+            for offset, point in zip(
+                (0, 0.05, 0.1, secs - 0.01, secs),
+                ("save_start", "resume", "staged", "written", "committed"), strict=True,
+            )
+        ]  # fmt: skip
+        job_.apply_events(events, start + secs + 0.1)
+        gens = [*gens[1:], gen(step, start, secs)]  # retention keeps 3
+        job_.observe(STAGING, list(gens), start + secs + 0.2)
+        job_.tick(start + secs + 1)
+        job_.tick(start + 30)
+    state = job_.state()
+    assert [dict(r.phases)["total"] for r in state.recent_saves] == pytest.approx([4, 5.5, 7])
+    assert sum(counts(state).values()) == 0 and state.last_save_symptoms == ()
+
+
+def test_backlog_needs_the_saves_to_grow_by_more_than_its_floor() -> None:
+    rising = (PastSave(0.4, False), PastSave(0.5, False))
+    small = clean(phases=phases(total=0.65), history=rising, in_flight=2)
+    assert diagnose(small, D) == ()  # 1.6 times slower, by a quarter of a second
+    assert diagnose(small, replace(D, backlog_seconds=0.2)) == ("backlog",)
+
+
+def test_the_diagnosis_section_has_a_backlog_floor() -> None:
+    assert parse_config("diagnosis: {backlog_seconds: 5s}\n").diagnosis.backlog_seconds == 5.0
+    assert config_to_dict(parse_config(""))["diagnosis"]["backlog_seconds"] == "1s"
+
+
+def restore(tracker: JobTracker, at: float, step: int, ok: bool) -> None:
+    end = (
+        ev("restore_done", at + 1, 0, step)
+        if ok
+        else ev("restore_failed", at + 1, 0, step, error="torn")
+    )
+    tracker.apply_events([ev("restore_start", at, 0, step), end], at + 1)
+
+
+def test_a_failed_restore_of_an_older_generation_marks_no_other_save() -> None:
+    tracker = job()
+    tracker.apply_events(straggling_save(500, T), T + 4.3)
+    tracker.tick(T + 20)
+    assert tracker.state().last_save_symptoms == ("straggler",)
+    restore(tracker, T + 40, 10, ok=False)  # step 10: not among the remembered saves
+    state = tracker.state()
+    assert state.last_save_symptoms == ("straggler",)
+    assert state.recent_saves[-1].symptoms == ("straggler",)
+    assert counts(state)["unrestorable"] == 1  # the failure is counted all the same
+    restore(tracker, T + 60, 10, ok=False)
+    assert counts(tracker.state())["unrestorable"] == 1  # once per generation
+
+
+def test_a_later_successful_restore_clears_unrestorable() -> None:
+    tracker = job()
+    tracker.apply_events(straggling_save(500, T), T + 4.3)
+    tracker.tick(T + 20)
+    restore(tracker, T + 40, 500, ok=False)
+    assert tracker.state().last_save_symptoms == ("straggler", "unrestorable")
+    restore(tracker, T + 60, 500, ok=True)  # the drill passes now (a transient read error)
+    state = tracker.state()
+    assert state.last_save_symptoms == ("straggler",)
+    assert state.recent_saves[-1].symptoms == ("straggler",)
+    assert counts(state)["unrestorable"] == 1  # a counter never goes back
+
+
+def test_a_save_whose_ranks_never_ended_stops_reading_as_contention() -> None:
+    thresholds = replace(D, telemetry_grace=1.0)
+    tracker = Tracker(replace(Config(), diagnosis=thresholds))
+    jobs = {}
+    for name in ("a", "b"):
+        jobs[name] = JobTracker(name, (WatchedPath(DURABLE, f"/ckpt/{name}"),), Policy(deadline=5))
+        tracker.add(jobs[name])
+        jobs[name].observe(DURABLE, [], T)
+
+    def save(name: str, step: int, start: float, seconds: float) -> None:
+        events = [
+            Event(start + offset, point, name, step, 0, 1, "n1", None, None, None)
+            for offset, point in zip(
+                (0, 0.1, 0.2, seconds - 0.1, seconds),
+                ("save_start", "resume", "staged", "written", "committed"), strict=True,
+            )
+        ]  # fmt: skip
+        jobs[name].apply_events(events, start + seconds)
+        jobs[name].tick(start + seconds + 5)
+
+    save("a", 1, T, 1.0)
+    save("a", 2, T + 20, 1.2)
+    # b starts a save whose ranks never report again (killed): open for up to an hour.
+    jobs["b"].apply_events([Event(T + 30, "save_start", "b", 1, 0, 1, "n1", None, None, None)],
+                           T + 30)  # fmt: skip
+    save("a", 3, T + 35, 4.5)  # within b's deadline x 2: b may still be saving
+    assert jobs["a"].state().last_save_symptoms == ("contention",)
+    save("a", 4, T + 300, 4.5)  # minutes later: b's silent save is no neighbour any more
+    assert jobs["a"].state().last_save_symptoms == ()
+    assert dict(jobs["a"].state().save_symptoms)["contention"] == 1
+
+
+def test_a_past_save_keeps_the_overlap_it_had_when_diagnosed() -> None:
+    """Whether an earlier save overlapped a neighbour is judged once, when it is diagnosed: the
+    neighbour's own records of those saves are gone a dozen saves later."""
+    thresholds = replace(D, telemetry_grace=1.0)
+    tracker = Tracker(replace(Config(), diagnosis=thresholds))
+    jobs = {}
+    for name in ("a", "b"):
+        jobs[name] = JobTracker(name, (WatchedPath(DURABLE, f"/ckpt/{name}"),), Policy(deadline=5))
+        tracker.add(jobs[name])
+        jobs[name].observe(DURABLE, [], T)
+
+    def save(name: str, step: int, start: float, seconds: float) -> None:
+        events = [
+            Event(start + offset, point, name, step, 0, 1, "n1", None, None, None)
+            for offset, point in zip(
+                (0, 0.1, 0.2, seconds - 0.1, seconds),
+                ("save_start", "resume", "staged", "written", "committed"), strict=True,
+            )
+        ]  # fmt: skip
+        jobs[name].apply_events(events, start + seconds)
+        jobs[name].tick(start + seconds + 5)
+
+    save("a", 1, T, 1.0)  # alone and fast
+    for step, at in ((2, T + 20), (3, T + 40)):
+        save("b", step, at, 6.0)
+        save("a", step, at + 1, 4.5)  # slow only beside b
+        assert jobs["a"].state().last_save_symptoms == ("contention",)
+    for step in range(4, 4 + 12):  # b saves alone a dozen times: its records of 2 and 3 go
+        save("b", step, T + 100 + 20 * step, 1.0)
+    assert [r.overlapped for r in jobs["a"].state().recent_saves] == [False, True, True]
+    save("b", 99, T + 500, 6.0)
+    save("a", 4, T + 501, 4.5)
+    assert jobs["a"].state().last_save_symptoms == ("contention",)  # alone, a is fast
+
+
+def test_a_job_is_known_to_time_saves_here_once_its_spool_shows_one() -> None:
+    tracker = JobTracker("j", (WatchedPath(DURABLE, "/ckpt/j", scanned=False),), Policy())
+    assert not tracker.state().saves_timed  # known from the config only: no symptom series
+    tracker.apply_events([ev("restore_start", T, 0)], T)
+    assert not tracker.state().saves_timed
+    tracker.apply_events([ev("save_start", T, 0)], T)  # its first save here, still under way
+    assert tracker.state().saves_timed

@@ -354,3 +354,25 @@ def test_the_page_opens_with_a_summary_per_job() -> None:
     assert "<c>" not in page and "a&b" not in page
     assert page.index('<ul class="summary">') < page.index('class="timeline"')
     assert "Symptoms:" in page and "ST straggler" in page
+
+
+def test_a_job_whose_durable_tier_is_read_elsewhere_is_not_judged_on_it() -> None:
+    """The cluster shape: a node-scope process knows a job on a shared tree from its spool
+    alone. It has no durable generations for it; the shared scanners judge those."""
+    from checkpoint_exporter.exposition.landing import summary_line, verdict
+
+    shared = (WatchedPath(DURABLE, "/shared/j", scanned=False),)
+    now = T + 200
+    judged = verdict(healthy_job(paths=shared, generations=()), now)
+    assert judged.healthy and judged.problems == ()
+    assert judged.notes[0] == "newest checkpoint judged by the processes that read /shared/j"
+    assert "last save ok (6s)" in judged.notes
+    assert "NOT healthy" not in summary_line(healthy_job(paths=shared, generations=()), now)
+    page = render(Snapshot(now, (healthy_job(paths=shared, generations=()),)), "/metrics")
+    assert "judged where the durable tier is read" in page and "none yet" not in page
+    # What this process does see still counts: a late save is still a problem.
+    late = healthy_job(paths=shared, generations=(), recent_saves=job().recent_saves[:2])
+    assert verdict(late, now).problems == ("last save late (10s against a 8s deadline)",)
+    # Staging read here, durable elsewhere: the same.
+    two = (WatchedPath(DURABLE, "/shared/j", scanned=False), WatchedPath(STAGING, "/local/j"))
+    assert verdict(healthy_job(paths=two, generations=()), now).healthy

@@ -19,6 +19,7 @@ from checkpoint_exporter.model import (
     COMMITTED,
     DURABLE,
     STAGING,
+    SYMPTOMS,
     DaemonState,
     Generation,
     HistogramState,
@@ -356,3 +357,15 @@ def test_default_serving_is_the_one_machine_shape() -> None:
     assert all(serving.serves(scope, n) for scope in (NODE, SHARED) for n in ("a", "job-0"))
     assert replace(serving, scopes=frozenset({NODE})).tracks("any")
     assert not Serving(frozenset({SHARED}), 1, 2).tracks("job-0")
+
+
+def test_a_node_that_times_a_shared_jobs_saves_exports_every_symptom_from_zero() -> None:
+    """Once its spool shows the job's saves, a node-scope process exports all 7 symptom counters
+    at 0, so the first straggler this node sees is an increase() from 0, not a series born at 1
+    (which increase() misses). A job it merely knows, with no save here, costs no series."""
+    spool_only = _job(durable_scanned=False, staging_scanned=False)
+    symptoms = "checkpoint_save_symptoms_total"
+    timed = _render(replace(spool_only, saves_timed=True))
+    assert all(sample(timed, symptoms, symptom=s) == 0 for s in SYMPTOMS)
+    assert not any(sample(_render(spool_only), symptoms, symptom=s) for s in SYMPTOMS)
+    assert sample(_render(spool_only), symptoms, symptom="straggler") is None

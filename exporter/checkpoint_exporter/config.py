@@ -173,7 +173,9 @@ class DiagnosisThresholds:
     - ``staging_share`` / ``staging_seconds``: training was held before any payload moved (the
       shorter of the pause and the staging phase) for over half the total and over 1 s; when
       network telemetry saw traffic in the window, at most ``staging_network_share`` (25 %) of
-      it came during that stall ("the pause passes before network traffic rises").
+      it came during that stall ("the pause passes before network traffic rises"). A
+      synchronous save (resume not before written) holds training through its write by design:
+      its stall is the staging phase alone, and only network evidence can say it was staging.
     - ``contention_deadline_share``: the save took over 80 % of its deadline while another
       job's save overlapped it, no local cause (straggler, commit, staging) explains it, and the
       job's recent saves without an overlapping neighbour stayed under that share (their
@@ -182,10 +184,16 @@ class DiagnosisThresholds:
     - ``backlog_saves`` / ``backlog_growth`` / ``backlog_in_flight``: the last 3 saves each took
       longer than the one before, the newest at least 1.5 times the oldest of them, and at least
       one more generation was still in flight (in progress, or committed on staging and not yet
-      drained) when this one ended: "async saves become progressively slower".
+      drained) when this one ended: "async saves become progressively slower". Waiting staged
+      generations count only where both tiers are read (a process reading staging alone cannot
+      tell a retained, drained generation from one waiting). ``backlog_seconds``: and the newest
+      took over 1 s longer than the oldest of them, so sub-second jitter of short saves that
+      happens to rise three times running is not a backlog.
     - ``gpu_share`` / ``gpu_baseline``: mean GPU utilisation in the window under half its
       baseline just before the save, when that baseline was at least 20 % (an idle GPU cannot
-      be disturbed): "training slows only during storage writes".
+      be disturbed): "training slows only during storage writes". The pause (GPUs idle by
+      design) is discounted: the bound on the time after the resume, mean x window / (window -
+      pause), must be under it, and a pause of half the window or more is not judged.
     - ``telemetry_grace``: how long after a save's end its diagnosis waits for the window's
       telemetry (the sampler correlates it 1.5 samples after the end) before it is made without.
     """
@@ -201,6 +209,7 @@ class DiagnosisThresholds:
     backlog_saves: int = 3
     backlog_growth: float = 1.5
     backlog_in_flight: int = 1
+    backlog_seconds: float = 1.0
     gpu_share: float = 0.5
     gpu_baseline: float = 0.2
     telemetry_grace: float = 10.0
@@ -434,6 +443,7 @@ DIAGNOSIS_FIELDS = (
     Field("backlog_saves", whole_number(2, 12)),  # a job remembers 12 saves
     Field("backlog_growth", _growth),
     Field("backlog_in_flight", whole_number(1, MAX_COUNT)),
+    Field("backlog_seconds", positive_duration),
     Field("gpu_share", _share),
     Field("gpu_baseline", _share),
     Field("telemetry_grace", positive_duration),

@@ -102,6 +102,9 @@ class SaveRecord:
     phases: tuple[tuple[str, float], ...]  # empty for an aborted save
     outcome: str  # ok | late (over the deadline) | aborted
     symptoms: tuple[str, ...] = ()  # from SYMPTOMS: the diagnosis of this save
+    # Another job's save overlapped it, as judged when it was diagnosed (the neighbours' own
+    # records of that time are gone a dozen saves later).
+    overlapped: bool = False
 
 
 @dataclass(frozen=True)
@@ -134,6 +137,9 @@ class JobState:
     last_phases: tuple[tuple[str, float], ...] = ()  # the newest finished save's phases
     last_save_symptoms: tuple[str, ...] = ()  # the newest finished save's diagnosis (SYMPTOMS)
     save_symptoms: tuple[tuple[str, int], ...] = ()  # (symptom, saves diagnosed with it)
+    # This process read save events of the job from its spool (its ranks save on this node): a
+    # node-scope process then exports every symptom counter from 0, not only those it counted.
+    saves_timed: bool = False
     last_write_end: float | None = None  # its last local write (this node's ranks)
     last_write_spread: float | None = None  # its spread of write ends across local ranks
     restores: int = 0

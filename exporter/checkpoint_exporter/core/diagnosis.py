@@ -21,10 +21,13 @@ from dataclasses import dataclass
 from checkpoint_exporter.config import DiagnosisThresholds
 from checkpoint_exporter.model import SYMPTOMS, WindowTelemetry
 
-__all__ = ["DiagnosisThresholds", "PastSave", "SaveFacts", "diagnose", "overlaps"]
+__all__ = ["DiagnosisThresholds", "PastSave", "SaveFacts", "diagnose", "overlaps", "stall"]
 
 # Network traffic under this many bytes in a window is no evidence of when traffic rose.
 MIN_NETWORK_BYTES = 1e6
+# A pause covering at least this share of the window leaves too little of it after the resume
+# to judge the GPUs by (see ``training_disturbed``).
+MAX_PAUSE_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,9 @@ class SaveFacts:
     overlapped: bool = False  # another job's save (finished or in progress) overlapped it
     history: tuple[PastSave, ...] = ()  # the job's previous saves, oldest first
     in_flight: int = 0  # other generations of the job still in flight when it ended
+    # Every local rank resumed training only once its payload was written (resume not before
+    # written): dcp.save, instrument.save. Its pause is the whole save by design.
+    synchronous: bool = False
 
 
 def overlaps(start: float, end: float, spans: Iterable[tuple[float, float]]) -> bool:
@@ -59,19 +65,30 @@ def overlaps(start: float, end: float, spans: Iterable[tuple[float, float]]) -> 
     return any(s < end and start < e for s, e in spans)
 
 
-def _stall(phases: Mapping[str, float]) -> float | None:
-    """How long training was held before the payload moved: the shorter of the pause and the
-    staging phase (an async save resumes once staged; a synchronous one resumes after the write,
-    so its staging phase is what came before the payload)."""
-    known = [phases[p] for p in ("pause", "staging") if p in phases]
+def stall(facts: SaveFacts) -> float | None:
+    """How long training was held before the payload moved, as far as the clocks say: the
+    shorter of the pause and the staging phase for an async save (it resumes once staged); the
+    staging phase alone for a synchronous one, whose pause is the whole save."""
+    names = ("staging",) if facts.synchronous else ("pause", "staging")
+    known = [facts.phases[p] for p in names if p in facts.phases]
     return min(known) if known else None
 
 
 def staging_bound(facts: SaveFacts, t: DiagnosisThresholds) -> bool:
-    total, stall = facts.phases.get("total"), _stall(facts.phases)
-    if not total or stall is None:
+    """Training was held long before any byte moved.
+
+    A synchronous save holds training through its write by design, and its ``staged`` mark
+    need not mean anything: instrument.save writes staged, written, committed and resume
+    together once dcp.save returns, so its staging phase is the whole save too. Its clocks are
+    then no evidence of when the payload moved, and only the network is: such a save is
+    staging-bound only when network telemetry saw the traffic and at most
+    ``staging_network_share`` of it came during the staging phase. Without that evidence (a
+    local disk, no telemetry) it is not diagnosed: a false symptom on every healthy
+    synchronous save is worse than a missed one on a few."""
+    total, held = facts.phases.get("total"), stall(facts)
+    if not total or held is None:
         return False
-    if stall <= t.staging_seconds or stall <= t.staging_share * total:
+    if held <= t.staging_seconds or held <= t.staging_share * total:
         return False
     window = facts.window
     sent = window.network_transmit_bytes if window is not None else None
@@ -79,7 +96,7 @@ def staging_bound(facts: SaveFacts, t: DiagnosisThresholds) -> bool:
         # The network was busy while training was held: that pause was spent sending, which is
         # a slow write path, not staging.
         return facts.stall_network_bytes <= t.staging_network_share * sent
-    return True
+    return not facts.synchronous
 
 
 def straggler(facts: SaveFacts, t: DiagnosisThresholds) -> bool:
@@ -114,17 +131,32 @@ def backlog(facts: SaveFacts, t: DiagnosisThresholds) -> bool:
     if len(totals) < t.backlog_saves:
         return False
     rising = all(later > earlier for earlier, later in itertools.pairwise(totals))
-    return rising and totals[-1] >= t.backlog_growth * totals[0] > 0
+    grown = totals[-1] - totals[0] > t.backlog_seconds
+    return rising and grown and totals[-1] >= t.backlog_growth * totals[0] > 0
 
 
 def training_disturbed(facts: SaveFacts, t: DiagnosisThresholds) -> bool:
+    """Training ran slower while the save went on in the background.
+
+    Training is held for the pause (the GPUs idle, by design: that cost is the pause, not a
+    disturbance), and only the window's mean utilisation U over [start, end] is measured, not
+    the part after the resume. With W the window and p the pause, U * W = p * u_held +
+    (W - p) * u_after, and u_held >= 0, so u_after <= U * W / (W - p): the symptom is claimed
+    only when even that upper bound is under ``gpu_share`` of the baseline. When the pause
+    covers most of the window (``MAX_PAUSE_SHARE``; every synchronous save, whose pause is the
+    whole save), what is left after it is too short for a sampler's mean to say anything and
+    the bound grows without limit: not diagnosed."""
     window = facts.window
     if window is None or window.gpu_utilization is None:
         return False
     baseline = window.gpu_baseline_utilization
     if baseline is None or baseline < t.gpu_baseline:
         return False
-    return window.gpu_utilization < t.gpu_share * baseline
+    span, pause = facts.end - facts.start, facts.phases.get("pause", 0.0)
+    if facts.synchronous or span <= 0 or pause >= MAX_PAUSE_SHARE * span:
+        return False
+    after = window.gpu_utilization * span / (span - pause)
+    return after < t.gpu_share * baseline
 
 
 def diagnose(facts: SaveFacts, thresholds: DiagnosisThresholds) -> tuple[str, ...]:

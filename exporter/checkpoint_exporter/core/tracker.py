@@ -28,7 +28,7 @@ from checkpoint_exporter.core.clocks import (
     Timeline,
     save_key,
 )
-from checkpoint_exporter.core.diagnosis import PastSave, SaveFacts, diagnose, overlaps
+from checkpoint_exporter.core.diagnosis import PastSave, SaveFacts, diagnose, overlaps, stall
 from checkpoint_exporter.core.drain import DrainState, drain_state
 from checkpoint_exporter.model import (
     ABORTED,
@@ -70,6 +70,10 @@ RESTORE_EXPIRY = 6 * 3600.0
 TICK_MARGIN = 0.01
 _VERSIONS = itertools.count(1)  # every JobTracker's versions, process-wide (see _touch)
 COUNTED_KEYS = 256  # saves (and restored generations) whose counted symptoms are remembered
+# A save whose ranks started here and never all reported is taken as holding the storage path
+# (for the neighbours' contention diagnosis, and as in flight for the backlog one) for this many
+# of its deadlines, or as long as its ranks still report: not the hour it is followed.
+OPEN_SAVE_DEADLINES = 2.0
 Spans = Callable[[str], list[tuple[float, float]]]  # other jobs' save spans, by job name
 
 
@@ -238,6 +242,10 @@ class JobTracker:
     # Per save (or restored generation) key, the symptoms already counted: a save accounted
     # twice (the disk's commit first, its ranks' events later) counts each symptom once.
     _counted: OrderedDict[object, set[str]] = field(default_factory=OrderedDict)
+    # The record of each recent save, by key: a save accounted twice (the disk's commit first,
+    # its ranks' events later) keeps one record, and a restore marks the save it was of.
+    _records: OrderedDict[SaveKey, SaveRecord] = field(default_factory=OrderedDict)
+    saves_timed: bool = False  # save events of the job were read from this node's spool
 
     def __post_init__(self) -> None:
         self.layout = self.layout or self.policy.layout
@@ -532,12 +540,19 @@ class JobTracker:
     def _account(
         self, phases: dict[str, float], live: bool, key: SaveKey | None,
         timeline: Timeline | None = None, window: tuple[float, float] | None = None,
+        diagnosed_live: bool | None = None,
     ) -> None:  # fmt: skip
         """One finished save: its phases set the gauges and, if it ended while we ran, the
-        histograms and the deadline count."""
+        histograms and the deadline count.
+
+        ``live``: counted in the histograms and deadline counters (once per save: not when the
+        disk's commit already counted it). ``diagnosed_live`` (default ``live``): its symptoms
+        are counted (once per save and symptom by ``_mark``, so the ranks' account after the
+        disk's still counts what only the ranks reveal, a straggler)."""
         window = timeline.window() if timeline is not None else window
         if window is not None and window != self.last_window:
             self.last_window, self.window_telemetry = window, None
+        again = key is not None and key in self._accounted
         if key is not None:
             self._accounted[key] = None
             while len(self._accounted) > 256:
@@ -553,8 +568,9 @@ class JobTracker:
                 step if isinstance(step, int) else None, window[0], window[1],
                 tuple(sorted(phases.items())), "late" if late else "ok",
             )  # fmt: skip
-            self.recent_saves.append(record)
-            self._await_diagnosis(record, key, live, phases, timeline, window)
+            record = self._remember(record, key, again)
+            symptoms_live = live if diagnosed_live is None else diagnosed_live
+            self._await_diagnosis(record, key, symptoms_live, phases, timeline, window)
         if not live:
             return
         for phase, seconds in phases.items():
@@ -568,6 +584,33 @@ class JobTracker:
             self.deadline_misses += 1
         else:
             self.saves_within_deadline += 1
+
+    def _remember(self, record: SaveRecord, key: SaveKey | None, again: bool) -> SaveRecord:
+        """Add a finished save to the recent ones. Accounted again (the disk's commit first,
+        its ranks' events later), the same save's earlier record is replaced by this fuller
+        one, keeping what a restore found since (their windows overlap, give or take the
+        storage clock's tolerated skew: a new save under the same name, a path saved again, is
+        a new record)."""
+        previous = self._records.get(key) if key is not None and again else None
+        slack = max(SKEW_TOLERANCE, self.policy.poll_interval + 1.0)
+        if (
+            previous is not None
+            and any(r is previous for r in self.recent_saves)
+            and overlaps(previous.start - slack, previous.end + slack, [(record.start, record.end)])
+        ):
+            kept = tuple(s for s in previous.symptoms if s == "unrestorable")
+            record = replace(record, symptoms=kept)
+            self._replace_record(previous, record)
+            if self._pending is not None and self._pending.record is previous:
+                self._pending = None  # superseded before its telemetry came
+        else:
+            self.recent_saves.append(record)
+        if key is not None:
+            self._records[key] = record
+            self._records.move_to_end(key)
+            while len(self._records) > RECENT:
+                self._records.popitem(last=False)
+        return record
 
     # --- drain -------------------------------------------------------------------------------
 
@@ -621,19 +664,20 @@ class JobTracker:
         """The part of the save awaiting diagnosis during which training was held before its
         payload moved (the shorter of its pause and staging phases); None when not known."""
         pending = self._pending
-        if pending is None:
+        held = stall(pending.facts) if pending is not None else None
+        if pending is None or held is None:
             return None
-        known = [pending.facts.phases[p] for p in ("pause", "staging") if p in pending.facts.phases]
-        return (pending.facts.start, pending.facts.start + min(known)) if known else None
+        return pending.facts.start, pending.facts.start + held
 
     def busy_spans(self) -> list[tuple[float, float]]:
         """When this job's saves held the storage path: finished saves, and saves in progress
-        (open-ended), on the local clock."""
+        (open-ended), on the local clock. A save followed from its ranks' events whose ranks
+        stopped reporting holds it only for a while (``_open_span``)."""
         spans = [(record.start, record.end) for record in self.recent_saves]
         for timeline in self.clocks.saves.values():
-            starts = [e["save_start"] for e in timeline.ranks.values() if "save_start" in e]
-            if starts:
-                spans.append((min(starts), math.inf))
+            span = self._open_span(timeline)
+            if span is not None:
+                spans.append(span)
         for gen in self._gens.values():
             if gen.state == WRITING and not gen.found.alias and not gen.history:
                 spans.append((self.local_time(gen.start_time), math.inf))
@@ -656,7 +700,8 @@ class JobTracker:
             start=window[0], end=window[1], phases=dict(phases),
             deadline=self.policy.deadline,
             write_spread=timeline.write_spread() if timeline is not None else None,
-            commit_tail=commit_tail, in_flight=self._in_flight(key),
+            commit_tail=commit_tail, in_flight=self._in_flight(key, window[1]),
+            synchronous=timeline is not None and _synchronous(timeline),
         )  # fmt: skip
         grace = (
             self.thresholds.telemetry_grace
@@ -668,20 +713,41 @@ class JobTracker:
         if telemetry is not None and (telemetry.start, telemetry.end) == window:
             self._diagnose(telemetry)  # accounted again: its telemetry is already in
 
-    def _in_flight(self, key: SaveKey | None) -> int:
-        """Other generations of the job still in flight: being written on either tier, or
-        committed on staging and not yet on the durable tier."""
-        durable = {
-            g.found.id for (t, _), g in self._gens.items() if t == DURABLE and g.state == COMMITTED
-        }
+    def _open_span(self, timeline: Timeline) -> tuple[float, float] | None:
+        """A save in progress from its ranks' events: from its first start to its deadline x
+        ``OPEN_SAVE_DEADLINES`` later, or to its newest event if a rank still reports after
+        that. One whose ranks were killed mid-save is followed for an hour before it is given
+        up; open-ended all that time, every other job's slow save would read as contention."""
+        starts = [e["save_start"] for e in timeline.ranks.values() if "save_start" in e]
+        if not starts:
+            return None
+        start = min(starts)
+        newest = max(ts for events in timeline.ranks.values() for ts in events.values())
+        return start, max(start + OPEN_SAVE_DEADLINES * self.policy.deadline, newest)
+
+    def _in_flight(self, key: SaveKey | None, at: float) -> int:
+        """Other generations of the job still in flight at ``at``: being written on either
+        tier, or committed on staging and not yet drained to the durable tier. The latter only
+        where both tiers are read here: a process reading staging alone (the durable tier
+        shared) sees every retained staged generation and none of their durable copies."""
         ids = set()
-        for (tier, gen_id), gen in self._gens.items():
+        for gen in self._gens.values():
             if gen.found.alias or (key is not None and self._save_key(gen) == key):
                 continue
-            waiting = tier == STAGING and gen.state == COMMITTED and gen_id not in durable
-            if (gen.state == WRITING and not gen.history) or waiting:
-                ids.add(gen_id)
-        others = sum(1 for k in self.clocks.saves if k != key)
+            if gen.state == WRITING and not gen.history:
+                ids.add(gen.found.id)
+        if self._two_tier():
+            drained = self.drain.drained or {}
+            for gen_id in self.drain.staged or {}:
+                gen = self._gens.get((STAGING, gen_id))
+                if gen_id in drained or gen is None:
+                    continue
+                if key is None or self._save_key(gen) != key:
+                    ids.add(gen_id)
+        others = 0
+        for other, timeline in self.clocks.saves.items():
+            span = self._open_span(timeline)
+            others += other != key and span is not None and span[1] >= at
         return max(len(ids), others)
 
     def _diagnose(
@@ -699,13 +765,19 @@ class JobTracker:
                 continue  # itself, a save accounted twice, or an aborted one
             if record.start < facts.start:
                 seen.add(record.start)
-                history.append(PastSave(total, overlaps(record.start, record.end, spans)))
+                # As judged when it was diagnosed: the neighbours' records of then are gone.
+                history.append(PastSave(total, record.overlapped))
+        overlapped = overlaps(facts.start, facts.end, spans)
         facts = replace(
             facts, window=telemetry, stall_network_bytes=stall_network_bytes,
-            overlapped=overlaps(facts.start, facts.end, spans), history=tuple(history),
+            overlapped=overlapped, history=tuple(history),
         )  # fmt: skip
         symptoms = diagnose(facts, self.thresholds)
-        self._mark(pending.record, symptoms, pending.key, pending.live)
+        record = pending.record
+        if record.overlapped != overlapped:
+            record = replace(record, overlapped=overlapped)
+            self._replace_record(pending.record, record)
+        self._mark(record, symptoms, pending.key, pending.live)
 
     def _mark(
         self, record: SaveRecord | None, symptoms: tuple[str, ...], key: object, live: bool
@@ -715,12 +787,7 @@ class JobTracker:
         self._touch()
         if record is not None:
             merged = tuple(s for s in SYMPTOMS if s in symptoms or s in record.symptoms)
-            marked = replace(record, symptoms=merged)
-            for index, other in enumerate(self.recent_saves):
-                if other is record:
-                    self.recent_saves[index] = marked
-            if self._newest_save() is marked:
-                self.last_save_symptoms = merged
+            self._replace_record(record, replace(record, symptoms=merged))
         if not live:
             return  # history sets the record, never a counter
         counted = self._counted.setdefault(key, set())
@@ -740,6 +807,11 @@ class JobTracker:
     # --- spool events ------------------------------------------------------------------------
 
     def apply_events(self, events: Iterable[Event], now: float) -> None:
+        events = list(events)
+        if not self.saves_timed and any(not e.event.startswith("restore") for e in events):
+            # Its ranks save on this node: from now on every symptom counter is exported, at 0
+            # before this node's first diagnosis of it (increase() misses a series born at 1).
+            self.saves_timed = True
         self.clocks.add(events, now)
         self._settle(now)
         self._touch()
@@ -770,15 +842,18 @@ class JobTracker:
                 settled = True
                 if timeline.committed:
                     # Counted already when the disk showed the commit before any of its events
-                    # (the spool behind): the ranks' account then sets the gauges only.
+                    # (the spool behind): the ranks' account then sets the gauges only, and
+                    # counts the symptoms only they reveal (``_mark`` counts each once a save).
                     live = timeline.live and key not in self._accounted
-                    self._account(timeline.phases(), live, key, timeline)
+                    self._account(timeline.phases(), live, key, timeline, None, timeline.live)
             elif now - timeline.first_seen > expired:
                 del self.clocks.saves[key]  # some rank never reported: fall back to the disk
                 settled = True
                 if timeline.disk_total is not None:
                     live = timeline.live and key not in self._accounted
-                    self._account({"total": timeline.disk_total}, live, key, timeline)
+                    self._account(
+                        {"total": timeline.disk_total}, live, key, timeline, None, timeline.live
+                    )
         for key, run in list(self.clocks.restores.items()):
             if run.finished:
                 del self.clocks.restores[key]
@@ -806,20 +881,49 @@ class JobTracker:
         if run.live:
             self.restores += 1
             self.restore_failures += 0 if run.succeeded else 1
-        if not run.succeeded:
+        if run.succeeded:
+            self._restorable(run)
+        else:
             self._unrestorable(run, ended)
 
     def _unrestorable(self, run: RestoreRun, ended: float) -> None:
-        """A restore failed: the save it was of (or, not remembered, the newest) is marked
-        unrestorable, counted once per generation however often its restores fail."""
-        step = run.key[1] if run.key is not None and run.key[0] == "step" else None
-        record = None
-        if step is not None:
-            record = next((r for r in reversed(self.recent_saves) if r.step == step), None)
-        if record is None:
-            record = self._newest_save()
+        """A restore failed: counted once per generation however often its restores fail, and
+        the save it was of, when remembered, is marked unrestorable (no other save is: a drill
+        of an old generation says nothing of the newest)."""
         key = ("restore", run.key) if run.key is not None else ("restore", ended)
-        self._mark(record, ("unrestorable",), key, run.live)
+        self._mark(self._record_of(run.key), ("unrestorable",), key, run.live)
+
+    def _restorable(self, run: RestoreRun) -> None:
+        """A restore succeeded: the save it was of is no longer shown unrestorable (a failed
+        drill from a transient error, passing now). Its counter stays: the failure happened."""
+        record = self._record_of(run.key)
+        if record is None or "unrestorable" not in record.symptoms:
+            return
+        kept = tuple(s for s in record.symptoms if s != "unrestorable")
+        self._replace_record(record, replace(record, symptoms=kept))
+        self._touch()
+
+    def _record_of(self, key: SaveKey | None) -> SaveRecord | None:
+        """The remembered save a restore of ``key`` was of: the same step, or the same path."""
+        if key is None:
+            return None
+        if key[0] == "step":
+            return next((r for r in reversed(self.recent_saves) if r.step == key[1]), None)
+        record = self._records.get(key)
+        remembered = record is not None and any(r is record for r in self.recent_saves)
+        return record if remembered else None
+
+    def _replace_record(self, old: SaveRecord, new: SaveRecord) -> None:
+        """Put ``new`` where ``old`` is in the recent saves (and the key map); the newest
+        save's verdict follows it."""
+        for index, other in enumerate(self.recent_saves):
+            if other is old:
+                self.recent_saves[index] = new
+        for key, other in self._records.items():
+            if other is old:
+                self._records[key] = new
+        if self._newest_save() is new:
+            self.last_save_symptoms = new.symptoms
 
     def _stalled(self, gen: _Gen, now: float) -> bool:
         limit = self._stall_limit(gen)
@@ -986,6 +1090,7 @@ class JobTracker:
             last_phases=tuple(sorted(self.last_phases.items())),
             last_save_symptoms=self.last_save_symptoms,
             save_symptoms=tuple((s, self.symptom_counts[s]) for s in SYMPTOMS),
+            saves_timed=self.saves_timed,
             last_write_end=self.last_write_end,
             last_write_spread=self.last_write_spread,
             restores=self.restores,
@@ -1004,6 +1109,13 @@ class JobTracker:
             storage_clock_skew=self.storage_clock_skew,
             version=self.version,
         )
+
+
+def _synchronous(timeline: Timeline) -> bool:
+    """Every local rank that reported both resumed training only once its payload was written
+    (dcp.save and instrument.save; ``saving`` with resume() called after written())."""
+    both = [e for e in timeline.ranks.values() if "resume" in e and "written" in e]
+    return bool(both) and all(e["resume"] >= e["written"] for e in both)
 
 
 def _listing_path(gen_id: str) -> str:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from checkpoint_exporter import __version__
 from checkpoint_exporter.model import (
+    DURABLE,
     STAGING,
     DaemonState,
     FilesystemState,
@@ -33,6 +34,7 @@ from checkpoint_exporter.model import (
     SaveRecord,
     Snapshot,
     newest_committed,
+    scanned,
 )
 from checkpoint_exporter.units import MAX_DURATION, format_duration
 
@@ -328,7 +330,12 @@ def verdict(job: JobState, now: float) -> Verdict:
     newest = newest_committed(job)
     interval = _finite(job.interval_seconds, high=MAX_DURATION)
     limit = interval + _finite(job.deadline_seconds, high=MAX_DURATION)
-    if newest is None or newest.commit_time is None:
+    if not scanned(job, DURABLE):
+        # The durable tier is shared and read by other processes (the cluster shape's shared
+        # scanners): this one has no generation of it to judge, which is no fault of the job.
+        where = ", ".join(p.path for p in job.paths if p.tier == DURABLE) or "its durable tier"
+        notes.append(f"newest checkpoint judged by the processes that read {where}")
+    elif newest is None or newest.commit_time is None:
         problems.append("no committed checkpoint yet")
     else:
         age = now - _finite(newest.commit_time, default=math.nan, low=-math.inf, high=math.inf)
@@ -405,7 +412,8 @@ def _job_section(job: JobState, now: float) -> str:
         ("interval / deadline", f"{_duration(job.interval_seconds)} / "
                                 f"{_duration(job.deadline_seconds)}"),
         ("newest committed", f"{_ago(now, newest.commit_time)}, step {newest.step}"
-                             if newest else "none yet"),
+                             if newest else "none yet" if scanned(job, DURABLE)
+                             else "judged where the durable tier is read"),
         ("valid", {True: "yes", False: "NO", None: "checking"}[newest.valid] if newest else "—"),
         ("saves in progress", sum(1 for g in job.generations if g.state == "writing")),
         ("committed / aborted / late", f"{job.saves_committed} / {job.saves_aborted} / "

@@ -42,11 +42,13 @@ class SymptomsCollector(SnapshotCollector):
             for symptom in job.last_save_symptoms:
                 last.add_metric([job.name, symptom], 1)
             counts = dict(job.save_symptoms)
-            # Every symptom from the start, at 0, so rate() and increase() see its first save;
-            # but a node-scope process knowing a shared job from its spool alone exports only the
-            # symptoms it diagnosed: 7 zeros per job on every node were most of a fleet's series
-            # (docs/performance.md, cluster scale).
-            every = reads_a_tree(job)
+            # Every symptom from 0, so increase() sees the first save diagnosed with it (a
+            # series born at 1 is missed): where a tree of the job is read, from the start; in a
+            # node-scope process knowing a shared job from its spool alone, once its ranks'
+            # save events were read here (before this node's first diagnosis of it), not for
+            # every job it merely knows: 7 zeros per job on every node were most of a fleet's
+            # series (docs/performance.md, cluster scale). Counted symptoms are always shown.
+            every = reads_a_tree(job) or job.saves_timed
             for symptom in SYMPTOMS:
                 if every or counts.get(symptom):
                     total.add_metric([job.name, symptom], counts.get(symptom, 0))
