@@ -19,8 +19,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+import yaml
 
-from checkpoint_exporter.acceptance import rows
+from checkpoint_exporter.acceptance import queries, rows
 from checkpoint_exporter.acceptance.charts import to_svg
 from checkpoint_exporter.acceptance.prom import (
     PrometheusClient,
@@ -37,12 +38,22 @@ from checkpoint_exporter.acceptance.report import (
     to_html,
     to_markdown,
 )
-from checkpoint_exporter.acceptance.rows import FAIL, NOT_MEASURED, PASS, Context, Objectives
+from checkpoint_exporter.acceptance.rows import (
+    FAIL,
+    INFO,
+    NOT_MEASURED,
+    PASS,
+    Context,
+    Objectives,
+)
 from checkpoint_exporter.acceptance.run import UsageError, judge, parse_parameters, plan_objectives
-from tests.conftest import CLI, REPO, run_cli, wait_for
+from checkpoint_exporter.mixin.config import MixinConfig
+from checkpoint_exporter.units import parse_duration
+from tests.conftest import CLI, REPO, require_tool, run_cli, wait_for
 
 T0 = 1_700_000_000.0
 JOBS = ("alpha", "beta")
+SELECTOR = 'job="checkpoint-exporter"'
 
 
 def s(value: float, job: str = "alpha", **labels: str) -> Sample:
@@ -231,13 +242,211 @@ def test_handover_records_thresholds_and_compares_them_with_the_agreed_ones() ->
     assert rows.handover({**results, "build_info": []}, ctx()).verdict == FAIL
 
 
-def test_symptoms_absent_zero_and_seen() -> None:
-    assert rows.symptoms({}, ctx()).verdict == NOT_MEASURED
+def test_symptoms_are_listed_with_their_runbooks_and_never_decide_the_exit_status() -> None:
+    """A multi-hour run shows some symptom; it is section 7's diagnosis, not a section 8 item."""
+    absent = rows.symptoms({}, ctx())
+    assert absent.verdict == INFO and "no checkpoint_save_symptoms_total" in absent.summary
     zero = {"symptoms": [s(0, symptom="straggler"), s(0, "beta", symptom="straggler")]}
-    assert rows.symptoms(zero, ctx()).verdict == PASS
-    seen = {"symptoms": [s(2, symptom="straggler"), s(0, "beta", symptom="straggler")]}
+    row = rows.symptoms(zero, ctx())
+    assert row.verdict == INFO and row.summary == "no save in the range showed a symptom"
+    seen = {
+        "symptoms": [
+            s(2.04, symptom="straggler"),
+            s(1, symptom="commit_bound"),
+            s(0, "beta", symptom="straggler"),
+        ]
+    }
     row = rows.symptoms(seen, ctx())
-    assert row.verdict == FAIL and row.jobs["alpha"].reasons == ("saves showed straggler x2",)
+    assert row.verdict == INFO
+    assert row.jobs["alpha"].verdict == row.jobs["beta"].verdict == INFO
+    assert row.jobs["alpha"].values["symptoms"] == {"commit_bound": 1, "straggler": 2}
+    assert row.jobs["alpha"].values["runbooks"]["straggler"] == "/runbooks#symptom-straggler"
+    assert row.jobs["alpha"].reasons == (
+        "commit_bound x1 (runbook /runbooks#symptom-commit_bound)",
+        "straggler x2 (runbook /runbooks#symptom-straggler)",
+    )
+    assert row.summary == "alpha: commit_bound x1, straggler x2"
+    # Every judged row passed: the symptoms leave the gate open.
+    passed = rows.recovery_drill({"restores": [s(1)]}, ctx())
+    report = Report(
+        prometheus_url="http://127.0.0.1:9090",
+        selector=SELECTOR,
+        start=T0,
+        end=T0 + 600,
+        generated=T0 + 601,
+        version="0.1.0",
+        jobs=JOBS,
+        rows=(passed, row),
+        charts=(),
+    )
+    assert (report.verdict, report.exit_status) == (PASS, 0)
+    assert "| Bottleneck symptoms (informational) | INFO | alpha: commit_bound x1" in to_markdown(
+        report
+    )
+    assert '<span class="verdict info">INFO</span>' in to_html(report)
+
+
+# --- the queries, evaluated by promtool over a day of synthetic series ----------------------------
+
+SCRAPE = 15  # seconds between the synthetic samples
+DAY_START, DAY_END = 3705.0, 3705.0 + 86400  # a day's range: the range step is 360 s
+
+
+def _values(points: list[float | None]) -> str:
+    """promtool's input notation: runs of one value as ``vxN`` (N + 1 samples), ``_`` missing."""
+    out: list[str] = []
+    i = 0
+    while i < len(points):
+        j = i
+        while j + 1 < len(points) and points[j + 1] == points[i]:
+            j += 1
+        value = "_" if points[i] is None else f"{points[i]:g}"
+        out += [value] * (j - i + 1) if value == "_" else [f"{value}x{j - i}" if j > i else value]
+        i = j + 1
+    return " ".join(out)
+
+
+def _steps(*changes: tuple[float, float | None], end: float = DAY_END) -> list[float | None]:
+    """A series sampled every SCRAPE seconds from 0 to ``end``: each (time, value) holds from
+    that time on; None: no sample (the series does not exist yet)."""
+    out: list[float | None] = []
+    for i in range(int(end // SCRAPE) + 1):
+        t, value = i * SCRAPE, None
+        for since, v in changes:
+            if t >= since:
+                value = v
+        out.append(value)
+    return out
+
+
+def promtool_eval(tmp_path: Path, series: dict[str, list], checks: list[tuple]) -> None:
+    """Evaluates each (expr, eval_time, {labels: value}) over ``series`` with promtool."""
+    test = {
+        "interval": f"{SCRAPE}s",
+        "input_series": [{"series": name, "values": _values(v)} for name, v in series.items()],
+        "promql_expr_test": [
+            {
+                "expr": expr,
+                "eval_time": f"{at:.0f}s",
+                "exp_samples": [{"labels": labels, "value": v} for labels, v in want.items()],
+            }
+            for expr, at, want in checks
+        ],
+    }
+    path = tmp_path / "acceptance-queries.yaml"
+    path.write_text(yaml.safe_dump({"rule_files": [], "tests": [test]}))
+    result = subprocess.run(
+        [require_tool("promtool"), "test", "rules", str(path)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
+
+
+def _m(name: str, job: str, instance: str = "n1", **labels: str) -> str:
+    extra = "".join(f',{k}="{v}"' for k, v in labels.items())
+    return f'{name}{{job="checkpoint-exporter",instance="{instance}",training_job="{job}"{extra}}}'
+
+
+@pytest.mark.prometheus
+def test_newest_save_and_restore_gauges_count_only_events_in_the_range(tmp_path: Path) -> None:
+    """A 90 s save (of a torn generation) committed a minute before --from, and a 500 s restore
+    two minutes before, are not the range's: the gauges still show them after --from, until the
+    next save or restore. The burst row failed on that save with no miss counted in the range."""
+    start = DAY_START
+    q = queries.build_queries(SELECTOR, start, DAY_END, 360.0)
+    phase, committed = "checkpoint_last_save_phase_seconds", "checkpoint_saves_committed_total"
+    duration, restores = "checkpoint_restore_last_duration_seconds", "checkpoint_restores_total"
+    valid = "checkpoint_last_committed_valid"
+    series = {
+        # late: the slow save at start - 60 s, a 20 s one 15 minutes into the range.
+        _m(phase, "late", phase="total"): _steps((0, 30), (start - 60, 90), (start + 900, 20)),
+        _m(committed, "late"): _steps((0, 4), (start - 60, 5), (start + 900, 6)),
+        # A node exports its ranks' phases; the commits are counted where the tree is read.
+        _m(phase, "late", "n2", phase="pause"): _steps((0, 1), (start - 70, 9), (start + 890, 2)),
+        _m(valid, "late"): _steps((0, 1), (start - 60, 0), (start + 900, 1)),
+        _m(valid, "fresh"): _steps((start + 600, 0)),
+        _m(duration, "late"): _steps((0, 10), (start - 120, 500), (start + 1800, 40)),
+        _m(restores, "late"): _steps((0, 0), (start - 120, 1), (start + 1800, 2)),
+        # fresh: its exporter started in the range, so its series begin there.
+        _m(phase, "fresh", phase="total"): _steps((start + 600, 30)),
+        _m(committed, "fresh"): _steps((start + 600, 1)),
+        # quiet: nothing after --from; its last save and restore were before it.
+        _m(phase, "quiet", phase="total"): _steps((0, 75)),
+        _m(committed, "quiet"): _steps((0, 3)),
+        _m(duration, "quiet"): _steps((0, 300)),
+        _m(restores, "quiet"): _steps((0, 1)),
+        # busy: commits every 4 minutes, faster than the 6-minute step; the slowest in range.
+        _m(phase, "busy", phase="total"): _steps(
+            (0, 10), *((start + 240 * k, 50 if k == 100 else 10 + k % 3) for k in range(1, 300))
+        ),
+        _m(committed, "busy"): _steps((0, 0), *((start + 240 * k, k) for k in range(1, 300))),
+    }
+    promtool_eval(
+        tmp_path,
+        series,
+        [
+            (
+                q["phase_max"].expr,
+                DAY_END,
+                {
+                    '{phase="total",training_job="late"}': 20,
+                    '{phase="pause",training_job="late"}': 2,
+                    '{phase="total",training_job="fresh"}': 30,
+                    '{phase="total",training_job="busy"}': 50,
+                },
+            ),
+            (q["restore_duration_max"].expr, DAY_END, {'{training_job="late"}': 40}),
+            # late's torn generation was before the range; fresh's in it.
+            (
+                q["valid_min"].expr,
+                DAY_END,
+                {'{training_job="late"}': 1, '{training_job="fresh"}': 0},
+            ),
+        ],
+    )
+
+
+@pytest.mark.prometheus
+def test_peak_concurrency_sees_a_one_minute_burst_in_six_hours(tmp_path: Path) -> None:
+    """Two jobs save together for one minute, between two points of the range's 90 s step (a
+    day's is 6 minutes; promtool's sample limit keeps this range shorter)."""
+    start, end = DAY_START, DAY_START + 6 * 3600
+    span = time_range(f"{start}", f"{end}", None, end)
+    assert span.step == 90
+    q = queries.build_queries(SELECTOR, start, end, span.step)
+    burst = start + 10_005  # 60 s from the step point before: none falls inside it
+    flight = "checkpoint_saves_in_progress"
+    series = {
+        _m(flight, job): _steps((0, 0), (burst, 1), (burst + 60, 0), end=end)
+        for job in ("alpha", "beta")
+    }
+    series[_m(flight, "gamma")] = _steps((0, 0), (burst + 1200, 1), (burst + 1260, 0), end=end)
+    promtool_eval(tmp_path, series, [(q["peak_concurrent_jobs"].expr, end, {"{}": 2})])
+
+
+@pytest.mark.prometheus
+def test_valid_generations_read_0_only_after_the_alerts_for(tmp_path: Path) -> None:
+    """An exporter restart reads 0 valid generations for a minute while it validates: not a lost
+    generation. Ten minutes of 0 is one, as CheckpointNoRecoverableGeneration pages on."""
+    start = DAY_START
+    q = queries.build_queries(SELECTOR, start, DAY_END, 360.0)
+    valid = "checkpoint_retained_valid_generations"
+    dip = start + 7200
+    series = {
+        _m(valid, "restarted"): _steps((0, 2), (dip, 0), (dip + 60, 2)),
+        _m(valid, "lost"): _steps((0, 2), (dip, 0), (dip + 600, 1)),
+    }
+    expr = q["valid_generations_range"].expr
+    checks = [
+        (expr, dip + 45, {'{training_job="restarted"}': 2, '{training_job="lost"}': 2}),
+        (expr, dip + 585, {'{training_job="restarted"}': 2, '{training_job="lost"}': 0}),
+    ]
+    promtool_eval(tmp_path, series, checks)
+
+
+def test_the_lost_generation_wait_is_the_paging_alerts_for() -> None:
+    wait = MixinConfig().for_of("CheckpointNoRecoverableGeneration")
+    assert parse_duration(wait) == queries.NO_RECOVERABLE_FOR
 
 
 # --- the writers ---------------------------------------------------------------------------------
@@ -266,7 +475,7 @@ def canned_report() -> Report:
         generated=T0 + 601,
         version="0.1.0",
         jobs=JOBS,
-        rows=judge(results, context, 'job="checkpoint-exporter"', "600s", "3s"),
+        rows=judge(results, context, 'job="checkpoint-exporter"'),
         charts=build_charts(results, context),
     )
 
@@ -302,7 +511,7 @@ def test_json_report_schema() -> None:
             "values",
             "jobs",
         }
-        assert row["verdict"] in (PASS, FAIL, NOT_MEASURED)
+        assert row["verdict"] in (PASS, FAIL, NOT_MEASURED, INFO)
         assert all(set(q) == {"name", "promql"} for q in row["queries"])
     burst = document["rows"][2]
     assert burst["jobs"]["beta"]["verdict"] == FAIL
@@ -589,7 +798,19 @@ def test_acceptance_against_the_demo(demo: tuple[str, Path, float], tmp_path: Pa
     assert verdicts["repeatability"] == PASS, detail
     assert verdicts["handover"] == PASS, detail
     assert verdicts["mixed_workload"] == verdicts["degraded_path"] == NOT_MEASURED
-    assert verdicts["symptoms"] in (FAIL, NOT_MEASURED)  # where the exporter diagnoses saves
+    # The symptoms the demo's faults imply, listed and never judged: the exit status is the
+    # failing checklist rows'.
+    assert verdicts["symptoms"] == INFO, detail
+    implied = {
+        "llama70b-a": "straggler",
+        "llama70b-b": "commit_bound",
+        "llama70b-c": "staging_bound",
+        "llama70b-d": "unrestorable",
+    }
+    for job, symptom in implied.items():
+        listed = jobs["symptoms"][job]["values"]
+        assert listed["symptoms"].get(symptom, 0) >= 1, (job, jobs["symptoms"])
+        assert listed["runbooks"][symptom] == f"/runbooks#symptom-{symptom}"
     # One line per row on stdout, and the PromQL behind each measured row.
     for row in document["rows"]:
         assert any(line.endswith(row["summary"]) for line in result.stdout.splitlines())

@@ -16,6 +16,7 @@ from checkpoint_exporter.acceptance.charts import BAR, Bar, Chart, Threshold, li
 from checkpoint_exporter.acceptance.prom import iso
 from checkpoint_exporter.acceptance.rows import (
     FAIL,
+    INFO,
     NOT_MEASURED,
     PASS,
     Context,
@@ -51,7 +52,8 @@ class Report:
 
     @property
     def exit_status(self) -> int:
-        """1 when a measured row failed: what a rollout gate reads."""
+        """1 when a measured row failed: what a rollout gate reads (an informational row never
+        changes it)."""
         return 1 if self.verdict == FAIL else 0
 
 
@@ -186,7 +188,7 @@ def to_json(report: Report) -> str:
 
 # --- Markdown -----------------------------------------------------------------------------------
 
-LABEL = {PASS: "PASS", FAIL: "FAIL", NOT_MEASURED: "NOT MEASURED"}
+LABEL = {PASS: "PASS", FAIL: "FAIL", NOT_MEASURED: "NOT MEASURED", INFO: "INFO"}
 
 
 def _cell(text: str) -> str:
@@ -270,7 +272,7 @@ th,td{border:1px solid #ddd;padding:4px 8px;text-align:left;vertical-align:top}
 th{background:#f5f5f5}
 .verdict{font-weight:600;padding:1px 6px;border-radius:3px;white-space:nowrap}
 .pass{background:#dff3e0;color:#1b5e20}.fail{background:#fde0e0;color:#b71c1c}
-.not-measured{background:#eee;color:#555}
+.not-measured{background:#eee;color:#555}.info{background:#e3f2fd;color:#0d47a1}
 pre{background:#f7f7f7;padding:8px;overflow-x:auto;font-size:12px}
 details{margin:6px 0}summary{cursor:pointer;color:#444}
 .meta{color:#555}.what{background:#fff8e1;padding:6px 8px;border-left:3px solid #f9a825}

@@ -3,7 +3,7 @@
 A row says ``pass``, ``fail`` or ``not measured``, per training job and overall, with the values
 behind the verdict; the runner attaches the PromQL it ran. A row fails when any job fails it;
 it passes when some job passed and none failed; otherwise the data could not judge it, and the
-row says what to run so that it can.
+row says what to run so that it can. The symptoms row is ``info``: it reports, never judges.
 """
 
 from __future__ import annotations
@@ -13,9 +13,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from checkpoint_exporter.acceptance.prom import Sample, Series
+from checkpoint_exporter.acceptance.queries import NO_RECOVERABLE_FOR
 from checkpoint_exporter.units import format_duration
 
 PASS, FAIL, NOT_MEASURED = "pass", "fail", "not measured"
+INFO = "info"  # a row that reports and never judges: it leaves the exit status alone
 PHASES = ("pause", "staging", "write", "commit", "total")
 
 # Known checkpoint: how far the measured size may stray from parameters x bytes_per_parameter.
@@ -494,8 +496,8 @@ def interrupted_save(results: Results, ctx: Context) -> Row:
             jobs[job] = JobVerdict(
                 FAIL,
                 (
-                    "its valid generations fell to 0: cleanup removed the last recoverable "
-                    "generation",
+                    f"no valid generation for {NO_RECOVERABLE_FOR // 60} minutes (the paging "
+                    "alert's `for`): cleanup removed the last recoverable generation",
                 ),
                 values,
             )
@@ -685,36 +687,56 @@ def handover(results: Results, ctx: Context) -> Row:
     )
 
 
+def symptom_runbook(symptom: str) -> str:
+    """The runbook section each exporter serves for a symptom (docs/runbooks.md)."""
+    return f"/runbooks#symptom-{symptom}"
+
+
 def symptoms(results: Results, ctx: Context) -> Row:
-    found = per_job_label(results, "symptoms", "symptom")
+    """Informational: section 7's diagnosis of the range's saves. Not a section 8 checklist item,
+    and over a long run some save will show one, so it never decides the exit status."""
+    title = "Bottleneck symptoms (informational)"
+    checklist = (
+        "Not a checklist item: section 7's isolation matrix applied to the range's saves, with "
+        "the runbook section of each symptom. Never changes the exit status."
+    )
     if not results.get("symptoms"):
         return Row(
             "symptoms",
-            "Bottleneck symptoms",
-            "Section 7's isolation matrix: no save showed a bottleneck symptom.",
-            NOT_MEASURED,
+            title,
+            checklist,
+            INFO,
             "this exporter exports no checkpoint_save_symptoms_total",
             what_to_run="upgrade the exporter to one with save diagnosis (symptom counters)",
         )
+    found = per_job_label(results, "symptoms", "symptom")
     jobs: dict[str, JobVerdict] = {}
     for job in ctx.jobs:
-        seen = {name: count(v) for name, v in found.get(job, {}).items() if count(v)}
+        seen = {name: count(v) for name, v in sorted(found.get(job, {}).items()) if count(v)}
+        values: dict[str, object] = {
+            "symptoms": seen,
+            "runbooks": {name: symptom_runbook(name) for name in seen},
+        }
         if job not in found:
-            jobs[job] = JobVerdict(NOT_MEASURED, ("no symptom series",))
+            reasons: tuple[str, ...] = ("no symptom series",)
         elif seen:
-            jobs[job] = JobVerdict(
-                FAIL,
-                ("saves showed " + ", ".join(f"{s} x{n}" for s, n in sorted(seen.items())),),
-                {"symptoms": seen},
+            reasons = tuple(
+                f"{name} x{n} (runbook {symptom_runbook(name)})" for name, n in seen.items()
             )
         else:
-            jobs[job] = JobVerdict(PASS, ("no symptom",), {"symptoms": {}})
+            reasons = ("no save showed a symptom",)
+        jobs[job] = JobVerdict(INFO, reasons, values)
+    shown = [
+        f"{job}: " + ", ".join(f"{name} x{n}" for name, n in verdict.values["symptoms"].items())
+        for job, verdict in jobs.items()
+        if verdict.values["symptoms"]
+    ]
     return Row(
         "symptoms",
-        "Bottleneck symptoms",
-        "Section 7's isolation matrix: no save showed a bottleneck symptom.",
-        combine(jobs),
-        _summary(jobs, "no save showed a bottleneck symptom", "no symptom series for these jobs"),
+        title,
+        checklist,
+        INFO,
+        "; ".join(shown) if shown else "no save in the range showed a symptom",
         jobs,
     )
 
@@ -819,7 +841,8 @@ ROWS: tuple[tuple[str, tuple[str, ...], Callable[[Results, Context], Row]], ...]
 
 
 def overall(rows: Sequence[Row]) -> str:
-    verdicts = {row.verdict for row in rows}
+    """The checklist's verdict: an informational row takes no part."""
+    verdicts = {row.verdict for row in rows if row.verdict != INFO}
     if FAIL in verdicts:
         return FAIL
     return PASS if PASS in verdicts else NOT_MEASURED

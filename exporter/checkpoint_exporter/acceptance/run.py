@@ -195,7 +195,7 @@ def _jobs_seen(results: Mapping[str, Sequence[object]]) -> list[str]:
 
 
 def collect(client: PrometheusClient, request: Request, span: TimeRange) -> dict[str, list]:
-    queries = build_queries(request.selector, span.window, f"{span.step:g}s")
+    queries = build_queries(request.selector, span.start, span.end, span.step)
     wanted = {name for _, names, _ in ROWS for name in names} | set(CHART_QUERIES)
     wanted |= set(JOB_QUERIES)
     results: dict[str, list] = {}
@@ -208,11 +208,10 @@ def collect(client: PrometheusClient, request: Request, span: TimeRange) -> dict
     return results
 
 
-def judge(
-    results: Mapping[str, Sequence[object]], ctx: Context, selector: str, window: str, step: str
-) -> tuple[Row, ...]:
-    """Every row, each with the PromQL it read."""
-    queries = build_queries(selector, window, step)
+def judge(results: Mapping[str, Sequence[object]], ctx: Context, selector: str) -> tuple[Row, ...]:
+    """Every row, each with the PromQL it read (as collect() ran it over the context's range)."""
+    span = TimeRange(ctx.start, ctx.end)
+    queries = build_queries(selector, span.start, span.end, span.step)
     rows = []
     for _key, names, function in ROWS:
         row = function(results, ctx)  # type: ignore[arg-type]
@@ -272,7 +271,7 @@ def run(request: Request, out: TextIO = sys.stdout, err: TextIO = sys.stderr) ->
         size_tolerance=request.size_tolerance,
         config_file=request.config_file,
     )
-    rows = judge(results, ctx, request.selector, span.window, f"{span.step:g}s")
+    rows = judge(results, ctx, request.selector)
     sources = sorted({o.source.split(" ")[0] for o in objectives.values()})
     report = Report(
         prometheus_url=request.prometheus_url,

@@ -2,11 +2,12 @@
 
 The exporter measures what the worksheet assumes: the checkpoint's size (the newest committed
 generation), the time a save takes and the part of it training waits for (the save-duration
-histogram's ``total`` and ``pause`` phases), the servers it is written from (the exporters that
-watch the job), and the objectives it is held to (interval, deadline, mtbf). This module asks a
-Prometheus for them over the HTTP API (instant queries, standard library only) and puts them into
-the worksheet's own formulas (worksheet.young_interval, daly_interval, waste_fraction), so a
-measured Young interval here is the one the recording rules record.
+histogram's ``total`` and ``pause`` phases), the servers it is written from (the hosts whose
+exporters export the job's per-node series), and the objectives it is held to (interval,
+deadline, mtbf). This module asks a Prometheus for them over the HTTP API (instant queries,
+standard library only) and puts them into the worksheet's own formulas (worksheet.young_interval,
+daly_interval, waste_fraction), so a measured Young interval here is the one the recording
+rules record.
 
 The queries select the job by ``training_job`` alone, not by the mixin's exporter selector: a
 Prometheus that scrapes the exporters under another job name still answers.
@@ -51,7 +52,7 @@ class Measured:
     training_job: str
     checkpoint_bytes: float | None = None
     files: float | None = None
-    servers: int | None = None  # exporters that watch the job
+    servers: int | None = None  # hosts exporting the job's per-node series
     save_seconds: float | None = None  # the training-visible cost: mean pause (or total) a save
     save_cost_source: str = ""  # the recording rule, or the histogram when the rule is absent
     save_total_seconds: float | None = None  # mean start-to-durable-commit time of a save
@@ -124,13 +125,32 @@ def _mean(metric_selector: str, phase: str) -> str:
     return f"max(rate({sum_}[{WINDOW}]) / (rate({count}[{WINDOW}]) > 0))"
 
 
+def servers_query(s: str) -> str:
+    """The hosts that write the job: those exporting a per-node series of it (its newest save's
+    phases, its restores). Not checkpoint_job_info: a node-scope exporter does not export it for
+    a job on a shared tree (the cluster shape), the shared scanners do, and they are replicas of
+    a shard, not servers. So instances that say they serve the shared scope alone are left out.
+    Where no node has saved or restored yet, the job_info count stands in (one process per node
+    serving both scopes, the default shape)."""
+    shared = 'checkpoint_exporter_shard_info{scope="shared"}'
+    nodes = (
+        f"count by (instance) (checkpoint_last_save_phase_seconds{{{s}}})\n"
+        f"  or count by (instance) (checkpoint_restores_total{{{s}}})"
+    )
+    info = f"count by (instance) (checkpoint_job_info{{{s}}})"
+    return (
+        f"count(({nodes}) unless on (instance) {shared})\n"
+        f"or\ncount({info} unless on (instance) {shared})"
+    )
+
+
 def queries(job: str) -> dict[str, str]:
     """The PromQL behind each measured value."""
     s = f"training_job={_label(job)}"
     return {
         "checkpoint_bytes": f"max(checkpoint_last_committed_size_bytes{{{s}}})",
         "files": f"max(checkpoint_last_committed_files{{{s}}})",
-        "servers": f"count(count by (instance) (checkpoint_job_info{{{s}}}))",
+        "servers": servers_query(s),
         "save_cost_rule": f"max({SAVE_COST_RULE}{{{s}}})",
         "save_cost_histogram": f"{_mean(s, 'pause')}\nor\n{_mean(s, 'total')}",
         "save_total_seconds": _mean(s, "total"),
@@ -246,7 +266,7 @@ def _planned_save(result: PlanResult) -> float:
 ROWS: tuple[tuple[str, Callable[[float], str], Callable[[PlanResult], float | None], str], ...] = (
     ("checkpoint_gb", _gb, lambda r: r.checkpoint_gb, "newest committed generation"),
     ("files", _count, lambda r: None, "files in it"),
-    ("servers", _count, lambda r: r.inputs.servers_per_job, "exporters watching the job"),
+    ("servers", _count, lambda r: r.inputs.servers_per_job, "hosts writing the job"),
     ("per_server_gb", _gb, lambda r: r.per_server_gb, "checkpoint / servers"),
     ("save_seconds", _seconds, _planned_save, "training-visible cost of a save (mean pause)"),
     ("save_total_seconds", _seconds, lambda r: r.inputs.transfer_seconds,
