@@ -186,7 +186,11 @@ def run_load(args: argparse.Namespace) -> str:
 def run_rules(args: argparse.Namespace) -> str:
     from rules import REPLICAS, bench_rules, metadata_walkers
 
-    rows = [bench_rules(args.nodes, 16, ingest=ingest) for ingest in args.rules_ingest]
+    rows = [
+        bench_rules(args.nodes, 16, ingest=ingest, jobs_per_node=per_node or None)
+        for per_node in args.rules_jobs_per_node
+        for ingest in args.rules_ingest
+    ]
     metadata = RESULTS / "metadata.json"
     walkers = (
         metadata_walkers(json.loads(metadata.read_text())["results"], args.nodes, REPLICAS)
@@ -196,10 +200,11 @@ def run_rules(args: argparse.Namespace) -> str:
     _write("rules", {"rows": rows, "metadata_walkers": walkers})
     groups = sorted({name for row in rows for name in row["rule_groups_seconds"]})
     table = _table(
-        ["nodes x jobs", "kept of the nodes' series", "series/node", "series/replica",
+        ["nodes x jobs", "jobs a node knows", "kept of the nodes' series", "series/node",
+         "series/replica",
          "head series", "MB per scrape round", "scrape s/target",
          *[f"{name} eval s, median (max)" for name in groups], "Prometheus RSS MB"],
-        [[f"{row['nodes']} x {row['jobs']}", str(row["ingest"]),
+        [[f"{row['nodes']} x {row['jobs']}", str(row["jobs_per_node"]), str(row["ingest"]),
           f"{row['series_kept_per_node']} of {row['series_per_node']}",
           str(row["series_per_replica"]), f"{row['head_series']:,.0f}",
           f"{row['exposition_mb']:.0f}", f"{row['scrape_seconds_per_target']:.1f}",
@@ -208,7 +213,8 @@ def run_rules(args: argparse.Namespace) -> str:
           f"{row['prometheus_rss_mb']:.0f}"] for row in rows],
     )  # fmt: skip
     notes = [
-        f"Slowest rules, {row['ingest']} (seconds per evaluation): "
+        f"Slowest rules, {row['jobs_per_node']} jobs a node, {row['ingest']} (seconds per "
+        "evaluation): "
         + ", ".join(f"{name} {seconds:.2f}" for name, seconds in row["slowest_rules"])
         for row in rows
     ]
@@ -267,9 +273,16 @@ def main() -> None:
     parser.add_argument("--load-jobs", type=int, default=200)
     parser.add_argument("--nodes", type=int, default=2048)
     parser.add_argument(
-        "--rules-ingest", nargs="+",
-        default=["everything", "node series the rules read"],
-        help="what Prometheus keeps of the nodes' series, one rules row each (bench/rules.py)",
+        "--rules-ingest",
+        nargs="+",
+        default=["everything"],
+        help="what Prometheus keeps of the nodes' series, one rules row each (bench/rules.py): "
+        "everything, or 'node series the rules read'",
+    )
+    parser.add_argument(
+        "--rules-jobs-per-node", nargs="+", type=int, default=[1, 0],
+        help="the jobs each node's exporter knows from its spool, one rules row each; 0 for "
+        "every job on every node (the worst case)",
     )  # fmt: skip
     args = parser.parse_args()
     tables = {}

@@ -72,6 +72,7 @@ def test_the_split_files_hold_the_single_files_groups_each_where_it_can_evaluate
     node, job = groups_of(NODE_RULES), groups_of(JOB_RULES)
     assert node + job == groups_of(RULES)
     assert [g["name"] for g in node] == [
+        "checkpoint-exporter.node.daily",
         "checkpoint-exporter.node.rules",
         "checkpoint-exporter.node.alerts",
     ]

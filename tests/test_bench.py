@@ -98,25 +98,29 @@ def test_rules_smoke_the_fleet_shape_every_series_and_every_group() -> None:
     node, shared = rules.exposition(3, "node"), rules.exposition(3, "shared")
     assert not _families(node) & set(FROM_THE_TREE) and set(FROM_THE_NODE) <= _families(node)
     assert set(FROM_THE_TREE) <= _families(shared) and not _families(shared) & set(FROM_THE_NODE)
-    # The per-phase histograms are in the nodes' exposition, buckets and all.
-    assert rules.bucket_lines(node) == 3 * 5 * 11
+    # The deadline account is the shared scanners': the total phase's histogram, 11 buckets a
+    # job; the nodes export none.
+    assert rules.bucket_lines(node) == 0 and rules.bucket_lines(shared) == 3 * 11
 
-    everything, dropped = (
-        rules.bench_rules(4, 3, targets=2, evaluation_interval=1, rounds=2, ingest=ingest)
-        for ingest in ("everything", "node buckets dropped")
-    )
+    everything, one_job = (
+        rules.bench_rules(4, 3, targets=2, evaluation_interval=1, rounds=2, ingest=ingest,
+                          jobs_per_node=per_node)
+        for ingest, per_node in (("everything", None), ("node series the rules read", 1))
+    )  # fmt: skip
     assert set(everything["rule_groups_seconds"]) == {
         f"checkpoint-exporter.{scope}.{kind}"
-        for scope in ("node", "job")
-        for kind in ("rules", "alerts")
+        for scope, kinds in (("node", ("daily", "rules", "alerts")), ("job", ("rules", "alerts")))
+        for kind in kinds
     }
     assert all(seconds > 0 for seconds in everything["rule_groups_seconds"].values())
-    # Every node and both replicas were ingested; the relabelling drops exactly the nodes' buckets.
+    # Every node and both replicas were ingested.
     assert everything["head_series"] >= 4 * len(node) + rules.REPLICAS * len(shared)
-    # (give or take the few ALERTS series a round more or less made pending)
-    dropped_buckets = everything["head_series"] - dropped["head_series"]
-    assert abs(dropped_buckets - 4 * rules.bucket_lines(node)) <= 0.02 * 4 * rules.bucket_lines(
-        node
-    )
-    assert dropped["series_kept_per_node"] == len(node) - rules.bucket_lines(node)
+    assert everything["jobs_per_node"] == 3 and one_job["jobs_per_node"] == 1
+    # A node that knows one job exports a third of the per-job series, and the relabelling
+    # keeps only what the rules read of them.
+    one = rules.exposition(1, "node")
+    assert one_job["series_per_node"] == len(one) < len(node)
+    kept = rules.kept_names(one, "node series the rules read")
+    assert one_job["series_kept_per_node"] == sum(1 for line in one if rules._name(line) in kept)
+    assert one_job["head_series"] < everything["head_series"]
     assert everything["prometheus_rss_mb"] > 0 and everything["exposition_mb"] > 0

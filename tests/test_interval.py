@@ -51,6 +51,9 @@ JOBS = {
     "no-mtbf": (("n1",), NAS_SAVE, 600, 40500, None),
     "disk-only": (("n1",), None, NAS_SAVE, 13500, SEED_MTBF),
     "slow": (("n1",), 1000, 1000, 3600, 400),  # a save longer than 2 x MTBF: Daly gives M
+    # An async save pausing 0.5 s: Young's interval (411 s) is shorter than the save takes
+    # (540 s), so the recommendation is the save itself, and 1080 s is 2x that: no ticket.
+    "async-fast": (("n1",), 0.5, NAS_SAVE, 2 * NAS_SAVE, SEED_MTBF),
     # The cluster shape: a shared scanner (s1) sees the durable tier alone, the nodes export no
     # histograms for a job on a shared tree, only their newest save's pause.
     "cluster": (("s1",), None, NAS_SAVE, 3600, SEED_MTBF),
@@ -164,7 +167,8 @@ def test_the_promtool_test_holds_the_table_and_the_worksheets_numbers() -> None:
         firing = {alert["exp_labels"]["training_job"] for alert in case["exp_alerts"]}
     assert firing == FIRING
     for job, (_, _, _, interval, mtbf) in JOBS.items():
-        ratio = interval / young_interval(save_cost(job), mtbf) if mtbf else 1
+        recommended = max(young_interval(save_cost(job), mtbf), JOBS[job][2]) if mtbf else 0
+        ratio = interval / recommended if mtbf else 1
         assert (job in FIRING) == (not 0.5 <= ratio <= 2), job
     # The configured 3x and the 1.5x interval of the brief's cases.
     assert JOBS["rare"][3] == 3 * young_interval(NAS_SAVE, SEED_MTBF)
@@ -189,13 +193,84 @@ def test_the_alert_compares_with_young_by_a_factor_and_waits_a_day() -> None:
         if r.get("alert") == "CheckpointIntervalOffOptimum"
     ]
     assert rule["for"] == "1d" and rule["labels"]["severity"] == "warning"
-    assert rules.INTERVAL in rule["expr"] and rules.YOUNG in rule["expr"]
+    assert rules.INTERVAL in rule["expr"] and rules.RECOMMENDED in rule["expr"]
     assert "> 2" in rule["expr"] and "< 1 / 2" in rule["expr"]
     # plan does not import the mixin: the name it queries is the one recorded.
     assert measured.SAVE_COST_RULE == rules.SAVE_COST
 
 
 # --- plan --measured ---------------------------------------------------------------------------
+
+
+@pytest.mark.prometheus
+def test_plan_measured_counts_the_nodes_not_the_shared_replicas(tmp_path: Path) -> None:
+    """The cluster shape: two shared scanners (replicas of one shard) export checkpoint_job_info
+    and the job's histograms; the four node-scope exporters do not export job_info for a job on a
+    shared tree, only their newest save's phases (or restores). The job is written from four
+    servers, not two. One process per node serving both scopes exports no shard_info."""
+
+    def labels(instance: str, job: str = "") -> str:
+        out = f'job="checkpoint-exporter",instance="{instance}"'
+        return out + (f',training_job="{job}"' if job else "")
+
+    series = []
+    for replica in ("s1", "s2"):
+        series += [
+            f'checkpoint_exporter_shard_info{{{labels(replica)},shard="0",shards="1",'
+            'scope="shared"}',
+            f'checkpoint_job_info{{{labels(replica, "llama")},layout="dcp",tier="durable",'
+            'path="/mnt/ckpt/llama"}',
+            f'checkpoint_last_save_phase_seconds{{{labels(replica, "llama")},phase="total"}}',
+            f"checkpoint_restores_total{{{labels(replica, 'llama')}}}",
+        ]
+    for node in ("n1", "n2", "n3", "n4"):
+        series.append(f'checkpoint_exporter_shard_info{{{labels(node)},shard="0",shards="1",'
+                      'scope="node"}')  # fmt: skip
+        if node != "n4":  # n4 has only restored, never saved, since its exporter started
+            series.append(f'checkpoint_last_save_phase_seconds{{{labels(node, "llama")},'
+                          'phase="pause"}')  # fmt: skip
+        series.append(f"checkpoint_restores_total{{{labels(node, 'llama')}}}")
+    # The default shape: one process per node serving both scopes, no shard_info; each exports
+    # job_info and the phases; a scope="node,shared" process (m3) is a node too.
+    for node in ("m1", "m2", "m3"):
+        series += [
+            f'checkpoint_job_info{{{labels(node, "plain")},layout="dcp",tier="durable",'
+            'path="/mnt/ckpt/plain"}',
+            f'checkpoint_last_save_phase_seconds{{{labels(node, "plain")},phase="total"}}',
+        ]
+    series.append(f'checkpoint_exporter_shard_info{{{labels("m3")},shard="0",shards="1",'
+                  'scope="node,shared"}')  # fmt: skip
+    checks = [
+        {
+            "expr": measured.queries(job)["servers"],
+            "eval_time": "1m",
+            "exp_samples": [{"labels": "{}", "value": want}],
+        }
+        for job, want in (("llama", 4), ("plain", 3))
+    ]
+    # A job only the job_info count knows: the default shape before any save or restore.
+    for node in ("m1", "m2"):
+        series.append(f'checkpoint_job_info{{{labels(node, "fresh")},layout="dcp",tier="durable",'
+                      'path="/mnt/ckpt/fresh"}')  # fmt: skip
+    checks.append(
+        {
+            "expr": measured.queries("fresh")["servers"],
+            "eval_time": "1m",
+            "exp_samples": [{"labels": "{}", "value": 2}],
+        }
+    )
+    test = {
+        "interval": "1m",
+        "input_series": [{"series": name, "values": "1x3"} for name in series],
+        "promql_expr_test": checks,
+    }
+    path = tmp_path / "servers.yaml"
+    path.write_text(yaml.safe_dump({"rule_files": [], "tests": [test]}))
+    result = subprocess.run(
+        [require_tool("promtool"), "test", "rules", str(path)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_plan_measured_refuses_bad_input_and_names_an_unreachable_prometheus() -> None:

@@ -55,7 +55,7 @@ ALERTS: dict[str, tuple[str, str, str]] = {
     "CheckpointStorageClockSkew": (WARNING, "15m", "Checkpoint file times disagree with the node's clock by more than a minute."),
     # A ticket, not a page: the interval wastes GPU time, it does not lose checkpoints. A day,
     # as the save cost it compares against is a day's mean.
-    "CheckpointIntervalOffOptimum": (WARNING, "1d", "The configured checkpoint interval is over twice or under half Young's optimum for the measured save cost and MTBF."),
+    "CheckpointIntervalOffOptimum": (WARNING, "1d", "The configured checkpoint interval is over twice or under half the recommended one: Young's optimum for the measured save cost and MTBF, at least one save long."),
     # The exporter's own view: when it cannot be trusted, the alerts above are blind or wrong.
     "CheckpointDataStale": (CRITICAL, "5m", "No exporter has confirmed its view of a job's checkpoints for longer than stale_after."),
     "CheckpointMountStuck": (WARNING, "5m", "A filesystem operation on a checkpoint mount has not answered within its time budget."),

@@ -37,6 +37,11 @@ DRAIN = "instance:checkpoint_drained_bytes:rate30m"
 GENERATIONS_THAT_FIT = "training_job:checkpoint_generations_that_fit:count"
 PEAK_FOOTPRINT = "mountpoint:checkpoint_peak_footprint:ratio"
 AVAIL_PREDICTED = "mountpoint:checkpoint_filesystem_avail_bytes:predict_linear24h"
+# Whether each collector had data at all over the last day (a node without GPUs never has).
+COLLECTOR_WORKED = "instance_collector:checkpoint_exporter_scrape_collector_success:max1d"
+# A day's window over every collector of every node is the costliest read of the node rules
+# (2,048 nodes x 10 collectors x a day of samples): it runs in a group of its own, this often.
+DAILY_INTERVAL = "5m"
 # The freshest view any exporter has of a job's tier (shared scanners run in pairs).
 LAST_SCAN_SUCCESS = "training_job_tier:checkpoint_exporter_last_scan_timestamp_seconds:max"
 SLO_WINDOWS = ("2h", "6h", "1d", "3d")
@@ -46,6 +51,10 @@ SAVE_COST = "training_job:checkpoint_save_cost_seconds:avg1d"
 MTBF = "training_job:checkpoint_mtbf_seconds:max"
 YOUNG = "training_job:checkpoint_young_interval_seconds"
 DALY = "training_job:checkpoint_daly_interval_seconds"
+# The mean whole save over a day, and the interval recommended: Young's, or that save's own
+# duration when longer (an async save's pause can make Young's shorter than a save takes).
+SAVE_DURATION = "training_job:checkpoint_save_duration_seconds:avg1d"
+RECOMMENDED = "training_job:checkpoint_recommended_interval_seconds"
 WASTE_CONFIGURED = "training_job:checkpoint_waste_fraction:configured"
 WASTE_OPTIMAL = "training_job:checkpoint_waste_fraction:optimal"
 # The alert's band around Young's interval: a factor, so one rule fits every job. Within it the
@@ -76,6 +85,15 @@ max by ({cl}, instance, mountpoint) (
 )"""},
         {"record": AVAIL_PREDICTED,
          "expr": f"predict_linear(checkpoint_filesystem_avail_bytes{s}[6h], 86400)"},
+    ]  # fmt: skip
+
+
+def _node_daily(c: MixinConfig) -> list[dict[str, str]]:
+    """Per-node records over a day, evaluated every DAILY_INTERVAL rather than every round."""
+    s = "{" + c.selector + "}"
+    return [
+        {"record": COLLECTOR_WORKED,
+         "expr": f"max_over_time(checkpoint_exporter_scrape_collector_success{s}[1d])"},
     ]  # fmt: skip
 
 
@@ -163,6 +181,10 @@ def _interval_recording(c: MixinConfig) -> list[dict[str, str]]:
         )},
         {"record": MTBF, "expr": f"max by ({cl}, training_job) (checkpoint_mtbf_seconds{s})"},
         {"record": YOUNG, "expr": f"sqrt(2 * {s_} * {m})"},
+        {"record": SAVE_DURATION, "expr": _save_cost(c, "total")},
+        {"record": RECOMMENDED,
+         "expr": f"{YOUNG} >= on ({cl}, training_job) {SAVE_DURATION}\nor\n"
+                 f"{SAVE_DURATION} and on ({cl}, training_job) {YOUNG}"},
         # Daly (2006): sqrt(2sM) (1 + sqrt(s/2M) / 3 + s/18M) - s, and M itself once s >= 2M.
         {"record": DALY, "expr": (
             f"(\n  {YOUNG} * (1 + sqrt({s_} / (2 * {m})) / 3 + {s_} / (18 * {m})) - {s_}\n)\n"
@@ -234,9 +256,10 @@ def _alert_exprs(c: MixinConfig) -> dict[str, str]:
             f"> on ({cl}, training_job) group_left {c.straggler_fraction} * {DEADLINE}"
         ),
         "CheckpointExporterDown": f"up{s} == 0\nor\nabsent(up{s})",
+        # The daily record is refreshed every DAILY_INTERVAL: its newest value in 15m.
         "CheckpointCollectorFailing": (
             f"checkpoint_exporter_scrape_collector_success{s} == 0\n"
-            f"and on ({cl}, instance, collector) max_over_time(checkpoint_exporter_scrape_collector_success{s}[1d]) == 1"
+            f"and on ({cl}, instance, collector) max_over_time({COLLECTOR_WORKED}[15m]) == 1"
         ),
         "CheckpointDeadlineBudgetBurn": (
             f"({slo_errors('1d')} > {3 * budget:g} and {slo_errors('2h')} > {3 * budget:g})\n"
@@ -251,7 +274,8 @@ def _alert_exprs(c: MixinConfig) -> dict[str, str]:
         ),
         # The value is the ratio: configured interval / Young's.
         "CheckpointIntervalOffOptimum": (
-            f"{INTERVAL} / {YOUNG} > {INTERVAL_BAND}\nor\n{INTERVAL} / {YOUNG} < 1 / {INTERVAL_BAND}"
+            f"{INTERVAL} / {RECOMMENDED} > {INTERVAL_BAND}\n"
+            f"or\n{INTERVAL} / {RECOMMENDED} < 1 / {INTERVAL_BAND}"
         ),
         "CheckpointDataStale": stale_views(c),
         "CheckpointMountStuck": (
@@ -286,7 +310,7 @@ _DESCRIPTIONS = {
     "CheckpointRetentionExceeded": "{{ $labels.training_job }}: {{ $value }} generations are retained, more than its limit.",
     "CheckpointNoRecoverableGeneration": "{{ $labels.training_job }}: no committed checkpoint that passes validation is left to restore from.",
     "CheckpointStorageClockSkew": "{{ $labels.training_job }} on {{ $labels.instance }}: file times are {{ $value | humanizeDuration }} off this node's clock; ages, and time windows from disk alone, are off by as much.",
-    "CheckpointIntervalOffOptimum": "{{ $labels.training_job }}: the configured interval is {{ $value | printf \"%.2f\" }}x Young's interval for its measured save cost (mean over a day) and its mtbf; the GPU time lost to saving and to recomputing after failures is above the optimum's.",
+    "CheckpointIntervalOffOptimum": "{{ $labels.training_job }}: the configured interval is {{ $value | printf \"%.2f\" }}x the recommended one (Young's interval for its measured save cost, mean over a day, and its mtbf; or the save's own duration when longer); the GPU time lost to saving and to recomputing after failures is above the optimum's.",
     "CheckpointDataStale": "{{ $labels.training_job }} ({{ $labels.tier }} tier): no exporter has confirmed its view for {{ $value | humanizeDuration }}; its other checkpoint alerts cannot be trusted, and the age-based ones hold back until it is fresh again.",
     "CheckpointMountStuck": "{{ $labels.mountpoint }} on {{ $labels.instance }}: a scan or statvfs has not answered within its budget (or statvfs fails); the jobs on it are not updated.",
     "CheckpointExporterBadConfig": "checkpoint-exporter {{ $labels.instance }}: the last configuration reload failed; it runs the previous configuration, and a restart would fail.",
@@ -344,8 +368,13 @@ def rule_groups(config: MixinConfig | None = None, scope: str | None = None) -> 
     records: a per-node file evaluates where no per-job series exist."""
     c = config or MixinConfig()
     recording = {NODE: _node_recording(c), JOB: _job_recording(c)}
-    groups = []
+    groups: list[dict[str, Any]] = []
     for each in SCOPES if scope is None else (scope,):
+        if each == NODE:
+            groups.append(
+                {"name": group_name(NODE, "daily"), "interval": DAILY_INTERVAL,
+                 "rules": _node_daily(c)}
+            )  # fmt: skip
         groups.append({"name": group_name(each, "rules"), "rules": recording[each]})
         groups.append({"name": group_name(each, "alerts"), "rules": _alerts(c, each)})
     return {"groups": groups}
