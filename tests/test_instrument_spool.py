@@ -175,6 +175,31 @@ def test_old_spool_files_are_removed_once_read(tmp_path: Path) -> None:
     assert not old.exists() and fresh.exists()  # ... then removed
 
 
+def test_a_job_idle_for_the_retention_leaves_the_spool_and_comes_back_when_it_writes(
+    tmp_path: Path,
+) -> None:
+    """A node-scope process knows the jobs on a shared root by their spool directories: a job
+    that has written nothing here for the retention goes with its last file, whether followed or
+    unknown, instead of being exported by this node forever; a job writing again recreates it."""
+    known = {"followed"}
+    reader = SpoolReader(tmp_path, retention=3600, known_jobs=lambda: known)
+    stale = time.time() - 7200
+    for job in ("followed", "unknown", "busy"):
+        (tmp_path / job).mkdir()
+        (tmp_path / job / "h.jsonl").write_text(json.dumps(_record(1)) + "\n")
+    for job in ("followed", "unknown"):
+        os.utime(tmp_path / job / "h.jsonl", (stale, stale))
+    reader.poll()  # read first ...
+    reader.poll()  # ... then removed, and the directories they leave empty
+    reader.poll()
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["busy"]
+    assert reader.job_directories == frozenset({"busy"})
+
+    with instrument.saving(training_job="followed", step=2, spool=str(tmp_path)):
+        pass
+    assert [e.step for e in reader.poll() if e.training_job == "followed"] == [2, 2]
+
+
 WRITER = """
 import sys, os
 sys.path.insert(0, sys.argv[1])

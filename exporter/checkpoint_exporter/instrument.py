@@ -70,8 +70,13 @@ class _Spool:
             os.close(fd)
             fd = None
         if fd is None:
+            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
             os.makedirs(os.path.join(directory, job), exist_ok=True)
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                fd = os.open(path, flags, 0o644)
+            except FileNotFoundError:  # the daemon removed the directory idle for its retention
+                os.makedirs(os.path.join(directory, job), exist_ok=True)
+                fd = os.open(path, flags, 0o644)
             self._files[key] = fd
         return fd
 

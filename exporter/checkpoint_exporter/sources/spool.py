@@ -283,18 +283,23 @@ class SpoolReader:
                 continue
             try:
                 self._dirs[name] = directory
-                self._list_dir(name, fd, directory, now)
+                emptied = self._list_dir(name, fd, directory, now)
             finally:
                 os.close(fd)
+            if emptied and self._remove_directory(root, name):
+                del self._dirs[name]
 
-    def _list_dir(self, name: str, fd: int, directory: _Dir, now: float) -> None:
+    def _list_dir(self, name: str, fd: int, directory: _Dir, now: float) -> bool:
+        """List a followed directory, removing its files older than ``retention``; whether it
+        is left without spool files and idle for ``retention`` (see ``_remove_directory``)."""
         info = os.fstat(fd)
         directory.ident = (info.st_dev, info.st_ino)
         try:
             entries = self._spool_files(fd)
         except OSError as error:
             self._report(f"{self.directory}/{name}", error)
-            return
+            return False
+        removed = False
         files: dict[FileKey, _Followed] = {}
         for file_name, st in entries:
             key = (st.st_dev, st.st_ino)
@@ -316,8 +321,22 @@ class SpoolReader:
                 and self._remove(fd, name, file_name, key)
             ):
                 del files[key]
+                removed = True
         directory.files = files
         directory.listed = True
+        return not files and (removed or now - info.st_mtime > self.retention)
+
+    def _remove_directory(self, root: int, name: str) -> bool:
+        """Remove a job's spool directory left empty by retention: its job has written nothing
+        for ``retention``, and a node-scope process, which knows the jobs on a shared root by
+        their spool directories, would otherwise export every job that ever ran here. rmdir
+        fails on a directory a job just wrote into again (instrument recreates a removed one)."""
+        try:
+            os.rmdir(name, dir_fd=root)
+        except OSError:
+            return False
+        self._names = self._names - {name}  # gone now, whenever the root is listed again
+        return True
 
     def _spool_files(self, fd: int) -> list[tuple[str, os.stat_result]]:
         """The regular ``*.jsonl*`` files of a directory, stat-ed through its descriptor."""
@@ -508,17 +527,23 @@ class SpoolReader:
             fd = os.open(name, _DIR_FLAGS, dir_fd=root)
         except OSError:
             return None
-        total = 0
+        total, left, removed = 0, 0, False
         try:
+            idle = now - os.fstat(fd).st_mtime > self.retention
             for file_name, st in self._spool_files(fd):
                 key = (st.st_dev, st.st_ino)
                 if now - st.st_mtime > self.retention and self._remove(fd, name, file_name, key):
+                    removed = True
                     continue
                 total += st.st_size
+                left += 1
         except OSError as error:
             self._report(f"{self.directory}/{name}", error)
+            return total
         finally:
             os.close(fd)
+        if not left and (removed or idle) and self._remove_directory(root, name):
+            return None
         return total
 
     # --- helpers -----------------------------------------------------------------------------
