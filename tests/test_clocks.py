@@ -290,3 +290,15 @@ def test_a_save_under_way_outlives_a_flood_of_bare_starts() -> None:
     events = save(0, T, T + 1, T + 2, T + 2.5, T + 4, step=7)
     feed(tracker, events[:4] + flood + events[4:], T + 5)
     assert hist(tracker, "total").count == 1 and dict(tracker.state().last_phases)["total"] == 4
+
+
+def test_a_save_is_in_progress_on_this_node_from_its_first_start_to_its_last_rank_s_end() -> None:
+    """checkpoint_local_saves_in_progress: the state timeline's per-node row, from the spool."""
+    tracker = job()
+    assert tracker.state().local_saves_in_progress == 0
+    feed(tracker, [ev("save_start", T + 1, rank=0), ev("save_start", T + 1, rank=1)], T + 2)
+    assert tracker.state().local_saves_in_progress == 1
+    feed(tracker, save(0, T + 1, T + 2, T + 2, T + 3, T + 4)[1:], T + 5)
+    assert tracker.state().local_saves_in_progress == 1  # rank 1 still writing
+    feed(tracker, save(1, T + 1, T + 2, T + 2, T + 3, T + 6)[1:], T + 7)
+    assert tracker.state().local_saves_in_progress == 0

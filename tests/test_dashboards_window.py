@@ -100,7 +100,7 @@ class Targets:
                 f"checkpoint_interval_seconds{{{job}}} 600",
                 f"checkpoint_deadline_seconds{{{job}}} 60",
                 f"checkpoint_mtbf_seconds{{{job}}} 86400",
-                f"checkpoint_saves_in_progress{{{job}}} {len(running)}",
+                f"checkpoint_local_saves_in_progress{{{job}}} {len(running)}",
                 f'checkpoint_save_duration_seconds_sum{{{job},phase="pause"}} {2.0 * pauses}',
                 f'checkpoint_save_duration_seconds_count{{{job},phase="pause"}} {pauses}',
                 f'checkpoint_save_symptoms_total{{{job},symptom="straggler"}} {len(committed)}',
@@ -111,6 +111,10 @@ class Targets:
                 lines.append(f"checkpoint_last_save_start_timestamp_seconds{{{job}}} {start}")
             commit = max((self.t0 + s.end for s in committed), default=self.old_commit)
             lines.append(f"checkpoint_last_committed_timestamp_seconds{{{job}}} {commit}")
+        # The shared scanner reading the durable tier (the cluster shape): its view of the
+        # saves in progress, one row for the whole job.
+        shared = f'training_job="{JOB}",instance="scanner:25780"'
+        lines.append(f"checkpoint_saves_in_progress{{{shared}}} {len(running)}")
         return "\n".join(lines) + "\n"
 
     def node_exporter(self, now: float) -> str:
@@ -330,6 +334,17 @@ def test_node_series_are_the_job_nodes_own(stack: Stack) -> None:
     assert {one["metric"]["device"] for one in nic} == {"eth0"}  # not the loopback
     for one in nic:
         assert float(one["value"][1]) == pytest.approx(1e6, rel=0.05)  # the counter's own rate
+
+
+def test_the_saves_in_progress_are_the_training_nodes_own(stack: Stack) -> None:
+    """The state timeline has a row per node that runs the job (its spool's saves), not one per
+    process reading the durable tier."""
+    (expr,) = [
+        expr for _, title, expr in dashboards.queries(provided=dashboards.REQUIREMENTS)
+        if title == "Saves in progress per job and node"
+    ][:1]  # fmt: skip
+    rows = query(stack.url, resolve(expr))
+    assert {one["metric"]["instance"].partition(":")[0] for one in rows} == set(JOB_NODES)
 
 
 def test_the_node_matching_is_configurable(stack: Stack, tmp_path: Path) -> None:

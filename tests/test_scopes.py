@@ -157,6 +157,14 @@ def test_a_job_known_from_the_spool_alone_exports_its_ranks_clocks_only() -> Non
     assert families >= FROM_THIS_NODE
     assert not (FROM_THE_TREE | DEADLINE_ACCOUNT | OBJECTIVES) & families
     assert sample(spool_only, "checkpoint_last_save_phase_seconds", phase="pause") == 1.0
+    # The state timeline's row for this node: once its ranks' saves were read here.
+    local = "checkpoint_local_saves_in_progress"
+    assert sample(spool_only, local) is None
+    saving = replace(
+        _job(durable_scanned=False, staging_scanned=False), saves_timed=True,
+        local_saves_in_progress=1,
+    )  # fmt: skip
+    assert sample(_render(saving), local, training_job="j") == 1
     # Its symptom counters only where it diagnosed one; every symptom where a tree is read.
     counted = replace(
         _job(durable_scanned=False, staging_scanned=False), save_symptoms=(("straggler", 2),)

@@ -140,6 +140,9 @@ class JobState:
     # This process read save events of the job from its spool (its ranks save on this node): a
     # node-scope process then exports every symptom counter from 0, not only those it counted.
     saves_timed: bool = False
+    # Saves this node's ranks started and have not all ended (the spool): a save whose ranks
+    # died stays here until its timeline expires.
+    local_saves_in_progress: int = 0
     last_write_end: float | None = None  # its last local write (this node's ranks)
     last_write_spread: float | None = None  # its spread of write ends across local ranks
     restores: int = 0

@@ -1091,6 +1091,9 @@ class JobTracker:
             last_save_symptoms=self.last_save_symptoms,
             save_symptoms=tuple((s, self.symptom_counts[s]) for s in SYMPTOMS),
             saves_timed=self.saves_timed,
+            local_saves_in_progress=sum(
+                1 for timeline in self.clocks.saves.values() if timeline.live and not timeline.ended
+            ),
             last_write_end=self.last_write_end,
             last_write_spread=self.last_write_spread,
             restores=self.restores,

@@ -162,17 +162,22 @@ def _window(c: MixinConfig, s: _Selectors) -> list[Section]:
     ne, dcgm = c.node_exporter_selector, c.dcgm_selector
     node = (NODE_EXPORTER,)
 
+    local = f"checkpoint_local_saves_in_progress{{{s.job}}}"
+
     def node_rate(metric: str, by: str, extra: str = "") -> str:
         return _on_job_nodes(c, s, by, f"rate({metric}{{{ne}{extra}}}[{rate}])", c.node_label)
 
     return [
         Section("The checkpoint window (saves shaded: start to durable commit)", (
             Panel("Saves in progress per job and node", (
-                Query(f"max by ({s.by}, instance) (checkpoint_saves_in_progress{{{s.job}}})",
+                Query(f"max by ({s.by}, instance) ({local})\nor\n"
+                      f"max by ({s.by}, instance) (checkpoint_saves_in_progress{{{s.job}}})\n"
+                      f"  unless on ({s.by}) max by ({s.by}) ({local})",
                       "{{training_job}} {{instance}}"),
             ), kind="state-timeline", wide=True,
-               description="The exporter's view of each durable tier: saves written, not yet "
-                           "committed."),
+               description="Per training node, the saves its ranks started and have not ended "
+                           "(the spool); for a job not instrumented, the view of its durable "
+                           "tier from the process that reads it."),
             Panel("Network sent per node (node_exporter)", (
                 Query(node_rate("node_network_transmit_bytes_total", "device", ',device!="lo"'),
                       "{{node}} {{device}}", node),

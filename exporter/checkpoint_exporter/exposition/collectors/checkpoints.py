@@ -121,6 +121,13 @@ LAST_SAVE_WRITE_SPREAD = MetricSpec(
     "Spread of the newest save's write ends across this node's ranks.",
     _JOB,
 )
+LOCAL_SAVES_IN_PROGRESS = MetricSpec(
+    "checkpoint_local_saves_in_progress",
+    "gauge",
+    "Saves this node's ranks started (the spool) and have not all ended; a save whose ranks "
+    "died counts until its timeline expires. Per node: the state timeline of saves per node.",
+    _JOB,
+)
 RETAINED_GENERATIONS = MetricSpec(
     "checkpoint_retained_generations",
     "gauge",
@@ -164,7 +171,7 @@ class CheckpointsCollector(SnapshotCollector):
         OLDEST_SAVE_IN_PROGRESS_START, LAST_SAVE_START,
         SAVES_COMMITTED, SAVES_ABORTED, DEADLINE_MISSES,
         SAVE_DURATION, SAVES_WITHIN_DEADLINE, LAST_SAVE_PHASE, LAST_SAVE_WRITE_END,
-        LAST_SAVE_WRITE_SPREAD, RETAINED_GENERATIONS,
+        LAST_SAVE_WRITE_SPREAD, LOCAL_SAVES_IN_PROGRESS, RETAINED_GENERATIONS,
         RETAINED_BYTES, RETAINED_VALID_GENERATIONS,
         VALIDATION_FAILURES, STORAGE_CLOCK_SKEW,
     )  # fmt: skip
@@ -199,6 +206,8 @@ class CheckpointsCollector(SnapshotCollector):
             out[LAST_SAVE_WRITE_END].add_metric(name, job.last_write_end)
         if job.last_write_spread is not None:
             out[LAST_SAVE_WRITE_SPREAD].add_metric(name, job.last_write_spread)
+        if job.saves_timed:  # an instrumented job's ranks ran here
+            out[LOCAL_SAVES_IN_PROGRESS].add_metric(name, job.local_saves_in_progress)
         if not scanned(job, DURABLE):
             # The durable commit ends a save: the process that sees it (a shared scanner) keeps
             # the job's one account. Every node counting its ranks' own saves of a shared job
