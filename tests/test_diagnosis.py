@@ -7,6 +7,7 @@ import itertools
 import sys
 import time
 import types
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -569,9 +570,10 @@ def test_a_later_successful_restore_clears_unrestorable() -> None:
     assert counts(state)["unrestorable"] == 1  # a counter never goes back
 
 
-def test_a_save_whose_ranks_never_ended_stops_reading_as_contention() -> None:
-    thresholds = replace(D, telemetry_grace=1.0)
-    tracker = Tracker(replace(Config(), diagnosis=thresholds))
+def _neighbours() -> tuple[dict[str, JobTracker], Callable[[str, int, float, float], None]]:
+    """Two jobs a and b (deadline 5 s) in one Tracker, and ``save(job, step, start, seconds)``:
+    one rank's asynchronous save, its telemetry grace passed."""
+    tracker = Tracker(replace(Config(), diagnosis=replace(D, telemetry_grace=1.0)))
     jobs = {}
     for name in ("a", "b"):
         jobs[name] = JobTracker(name, (WatchedPath(DURABLE, f"/ckpt/{name}"),), Policy(deadline=5))
@@ -588,6 +590,12 @@ def test_a_save_whose_ranks_never_ended_stops_reading_as_contention() -> None:
         ]  # fmt: skip
         jobs[name].apply_events(events, start + seconds)
         jobs[name].tick(start + seconds + 5)
+
+    return jobs, save
+
+
+def test_a_save_whose_ranks_never_ended_stops_reading_as_contention() -> None:
+    jobs, save = _neighbours()
 
     save("a", 1, T, 1.0)
     save("a", 2, T + 20, 1.2)
@@ -604,24 +612,7 @@ def test_a_save_whose_ranks_never_ended_stops_reading_as_contention() -> None:
 def test_a_past_save_keeps_the_overlap_it_had_when_diagnosed() -> None:
     """Whether an earlier save overlapped a neighbour is judged once, when it is diagnosed: the
     neighbour's own records of those saves are gone a dozen saves later."""
-    thresholds = replace(D, telemetry_grace=1.0)
-    tracker = Tracker(replace(Config(), diagnosis=thresholds))
-    jobs = {}
-    for name in ("a", "b"):
-        jobs[name] = JobTracker(name, (WatchedPath(DURABLE, f"/ckpt/{name}"),), Policy(deadline=5))
-        tracker.add(jobs[name])
-        jobs[name].observe(DURABLE, [], T)
-
-    def save(name: str, step: int, start: float, seconds: float) -> None:
-        events = [
-            Event(start + offset, point, name, step, 0, 1, "n1", None, None, None)
-            for offset, point in zip(
-                (0, 0.1, 0.2, seconds - 0.1, seconds),
-                ("save_start", "resume", "staged", "written", "committed"), strict=True,
-            )
-        ]  # fmt: skip
-        jobs[name].apply_events(events, start + seconds)
-        jobs[name].tick(start + seconds + 5)
+    jobs, save = _neighbours()
 
     save("a", 1, T, 1.0)  # alone and fast
     for step, at in ((2, T + 20), (3, T + 40)):

@@ -29,6 +29,8 @@ from typing import Any
 from checkpoint_exporter.plan.worksheet import (
     PlanResult,
     daly_interval,
+    gigabytes,
+    gigabytes_per_second,
     waste_fraction,
     young_interval,
 )
@@ -237,14 +239,6 @@ def measure(url: str, job: str, timeout: float = 10.0) -> Measured:
 # --- presentation ------------------------------------------------------------------------------
 
 
-def _gb(value: float) -> str:
-    return f"{value:,.2f} GB"
-
-
-def _rate(value: float) -> str:
-    return f"{value:,.2f} GB/s"
-
-
 def _seconds(value: float) -> str:
     return f"{value:,.1f} s ({format_duration(round(value))})"
 
@@ -257,22 +251,20 @@ def _count(value: float) -> str:
     return f"{value:,.0f}"
 
 
-def _planned_save(result: PlanResult) -> float:
-    inputs = result.inputs
-    return inputs.save_seconds if inputs.save_seconds is not None else inputs.transfer_seconds
-
-
 # key, how to print it, what the planned side is, what it means.
 ROWS: tuple[tuple[str, Callable[[float], str], Callable[[PlanResult], float | None], str], ...] = (
-    ("checkpoint_gb", _gb, lambda r: r.checkpoint_gb, "newest committed generation"),
+    ("checkpoint_gb", gigabytes, lambda r: r.checkpoint_gb, "newest committed generation"),
     ("files", _count, lambda r: None, "files in it"),
     ("servers", _count, lambda r: r.inputs.servers_per_job, "hosts writing the job"),
-    ("per_server_gb", _gb, lambda r: r.per_server_gb, "checkpoint / servers"),
-    ("save_seconds", _seconds, _planned_save, "training-visible cost of a save (mean pause)"),
+    ("per_server_gb", gigabytes, lambda r: r.per_server_gb, "checkpoint / servers"),
+    ("save_seconds", _seconds, lambda r: r.inputs.save_cost,
+     "training-visible cost of a save (mean pause)"),
     ("save_total_seconds", _seconds, lambda r: r.inputs.transfer_seconds,
      "mean start to durable commit (planned: the deadline)"),
-    ("payload_per_job_gbps", _rate, lambda r: r.payload_per_job_gbps, "checkpoint / save time"),
-    ("payload_per_server_gbps", _rate, lambda r: r.payload_per_server_gbps, "one server's share"),
+    ("payload_per_job_gbps", gigabytes_per_second, lambda r: r.payload_per_job_gbps,
+     "checkpoint / save time"),
+    ("payload_per_server_gbps", gigabytes_per_second, lambda r: r.payload_per_server_gbps,
+     "one server's share"),
     ("interval_seconds", _seconds, lambda r: r.inputs.interval_seconds, "configured interval"),
     ("deadline_seconds", _seconds, lambda r: r.inputs.transfer_seconds, "configured deadline"),
     ("mtbf_seconds", _seconds, lambda r: r.inputs.mtbf_seconds, "configured mtbf"),

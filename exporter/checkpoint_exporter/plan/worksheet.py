@@ -111,6 +111,11 @@ class PlanInputs:
     )
     node_read_gbps: float | None = _input("one node's storage read bandwidth", "GB/s")
 
+    @property
+    def save_cost(self) -> float:
+        """What one save costs training: ``save_seconds``, else the whole transfer."""
+        return self.save_seconds if self.save_seconds is not None else self.transfer_seconds
+
 
 INPUT_FIELDS = {f.name: f for f in fields(PlanInputs)}
 
@@ -395,7 +400,7 @@ def compute(inputs: PlanInputs) -> PlanResult:
     # The tolerance keeps float noise (3.0000000001 units) from buying a whole extra link.
     link_units = max(1, math.ceil(service / unit_gbytes - 1e-9))
     peak_tb = inputs.jobs * (inputs.retained_generations + 1) * checkpoint_gb / 1000
-    save = inputs.save_seconds if inputs.save_seconds is not None else inputs.transfer_seconds
+    save = inputs.save_cost
     mtbf = inputs.mtbf_seconds
     young = young_interval(save, mtbf) if mtbf else None
     result = PlanResult(
@@ -499,11 +504,11 @@ def _optional(
     return (key, "—", missing) if value is None else (key, render(value), meaning)
 
 
-def _gb(value: float) -> str:
+def gigabytes(value: float) -> str:
     return f"{value:,.2f} GB"
 
 
-def _rate(value: float) -> str:
+def gigabytes_per_second(value: float) -> str:
     return f"{value:,.2f} GB/s"
 
 
@@ -514,7 +519,7 @@ def _tb(value: float) -> str:
 def format_table(result: PlanResult) -> str:
     """The worksheet as a person reads it; key names match the JSON output."""
     inputs = result.inputs
-    save = inputs.save_seconds if inputs.save_seconds is not None else inputs.transfer_seconds
+    save = inputs.save_cost
     needs_mtbf = "needs mtbf_seconds"
     daly_ratio = (
         f"interval_seconds is {inputs.interval_seconds / result.daly_interval_seconds:.2f}x this"
@@ -527,10 +532,10 @@ def format_table(result: PlanResult) -> str:
             [
                 (
                     "checkpoint_gb",
-                    _gb(result.checkpoint_gb),
+                    gigabytes(result.checkpoint_gb),
                     "one logical checkpoint: P x b x (1 + extra)",
                 ),
-                ("per_server_gb", _gb(result.per_server_gb), "balanced over servers_per_job"),
+                ("per_server_gb", gigabytes(result.per_server_gb), "balanced over servers_per_job"),
             ],
         ),
         (
@@ -539,23 +544,23 @@ def format_table(result: PlanResult) -> str:
             [
                 (
                     "payload_per_job_gbps",
-                    _rate(result.payload_per_job_gbps),
+                    gigabytes_per_second(result.payload_per_job_gbps),
                     "one job inside the window",
                 ),
                 (
                     "payload_per_server_gbps",
-                    _rate(result.payload_per_server_gbps),
+                    gigabytes_per_second(result.payload_per_server_gbps),
                     "one server's share",
                 ),
-                ("burst_gbps", _rate(result.burst_gbps), "every job saving at once"),
+                ("burst_gbps", gigabytes_per_second(result.burst_gbps), "every job saving at once"),
                 (
                     "service_gbps",
-                    _rate(result.service_gbps),
+                    gigabytes_per_second(result.service_gbps),
                     f"burst / utilization ceiling {inputs.utilization_ceiling:g}: size for this",
                 ),
                 (
                     "average_gbps",
-                    _rate(result.average_gbps),
+                    gigabytes_per_second(result.average_gbps),
                     f"over the {inputs.interval_seconds:g} s interval: not what to buy",
                 ),
             ],
@@ -571,7 +576,7 @@ def format_table(result: PlanResult) -> str:
                 ),
                 (
                     "degraded_capacity_gbps",
-                    _rate(result.degraded_capacity_gbps),
+                    gigabytes_per_second(result.degraded_capacity_gbps),
                     "left with one unit lost",
                 ),
             ],
@@ -596,7 +601,7 @@ def format_table(result: PlanResult) -> str:
                 ),
                 (
                     "staging_per_server_gb",
-                    _gb(result.staging_per_server_gb),
+                    gigabytes(result.staging_per_server_gb),
                     f"host memory for {inputs.staged_generations_in_memory} staged image(s)",
                 ),
             ],
