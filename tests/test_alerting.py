@@ -14,6 +14,7 @@ import yaml
 
 from checkpoint_exporter.mixin import dashboards, rules
 from checkpoint_exporter.mixin.config import ALERTS, SPLIT, MixinConfig, load_mixin
+from checkpoint_exporter.model import SYMPTOMS
 from checkpoint_exporter.schema import ConfigError
 from checkpoint_exporter.units import parse_duration
 from tests.conftest import REPO, require_tool, run_cli, write_config
@@ -198,6 +199,12 @@ def test_every_runbook_url_resolves_by_default() -> None:
         base, _, anchor = rule["annotations"]["runbook_url"].partition("#")
         assert base == served, name
         assert anchor in anchors, f"{name}: no heading in docs/runbooks.md has the id {anchor!r}"
+    # Each symptom of a save links to its section of the matrix (the metric's help, the
+    # acceptance report): first evidence and the controlled next test.
+    for symptom in SYMPTOMS:
+        assert f"symptom-{symptom}" in anchors, symptom
+        section = runbooks.partition(f"### Symptom: {symptom}\n")[2].partition("\n### ")[0]
+        assert "**First evidence.**" in section and "**Controlled next test.**" in section, symptom
     # What /runbooks serves is the package's copy, which `make generate` keeps identical.
     assert (REPO / "exporter" / "checkpoint_exporter" / "runbooks.md").read_text() == runbooks
 
