@@ -336,3 +336,41 @@ def test_checks_that_could_not_run_are_asked_again_later_never_judged() -> None:
     (request,) = tracker.observe(DURABLE, [single(500, T + 1)], T + 38).requests
     tracker.apply_verdict(request, Verdict(True))
     assert tracker.state().saves_committed == 1
+
+
+def test_retention_removing_shards_before_the_marker_is_not_a_broken_checkpoint() -> None:
+    """shutil.rmtree lists a DCP step and removes its entries in that order: the shards may go
+    while `.metadata` still stands, and a listing in between sees a committed generation short
+    of shards. Not judged (it was whole), not restorable, no failure counted; gone next."""
+    tracker = job(deadline=30)
+    checks = (Check("dcp", "step-1"),)
+    full = Found("step-1", 1, COMMITTED, T, T + 1, T + 1, 100, 5, checks)
+    (request,) = tracker.observe(DURABLE, [full], T + 2).requests
+    tracker.apply_verdict(request, Verdict(True))
+    going = Found("step-1", 1, COMMITTED, T, T + 1, T + 1, 60, 3, checks)
+    assert tracker.observe(DURABLE, [going], T + 100).requests == []
+    state = tracker.state()
+    assert [g.state for g in state.generations] == ["deleting"]
+    assert newest_committed(state) is None
+    tracker.tick(T + 101)
+    assert tracker.observe(DURABLE, [], T + 101).requests == []
+    assert dict(tracker.state().validation_failures) == {}
+
+
+def test_a_committed_generation_that_lost_a_file_and_stays_is_judged_again() -> None:
+    """A shard deleted by hand from a checkpoint that stays: once it has been still for the
+    settle period it is committed again and checked, so the loss is reported."""
+    tracker = job(deadline=30)
+    checks = (Check("dcp", "step-1"),)
+    full = Found("step-1", 1, COMMITTED, T, T + 1, T + 1, 100, 5, checks)
+    (request,) = tracker.observe(DURABLE, [full], T + 2).requests
+    tracker.apply_verdict(request, Verdict(True))
+    short = Found("step-1", 1, COMMITTED, T, T + 1, T + 1, 80, 4, checks)
+    tracker.observe(DURABLE, [short], T + 100)
+    assert tracker.next_due(T + 100) is not None  # the settle period is kept
+    tracker.tick(T + 100 + Policy().settle + 1)
+    (request,) = tracker.observe(DURABLE, [short], T + 107).requests
+    tracker.apply_verdict(request, Verdict(False, "missing_shard"))
+    state = tracker.state()
+    assert dict(state.validation_failures) == {"missing_shard": 1}
+    assert state.last_committed_valid is False

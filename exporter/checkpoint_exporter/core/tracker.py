@@ -368,6 +368,11 @@ class JobTracker:
         shrinking = not item.settles and (
             item.files < gen.found.files or item.bytes < gen.found.bytes
         )
+        # rmtree removes entries in listing order, so shards may go while the marker stands: a
+        # committed generation losing files is being deleted until it stays still for the settle
+        # period (then it lost them for good, and is judged again). Fewer bytes in as many files
+        # is a rewrite under the old marker, not a deletion.
+        losing_files = item.state == COMMITTED and item.files < gen.found.files
         growing = item.files > gen.found.files or item.bytes > gen.found.bytes
         # A newer marker over files all written since the last commit: the same name saved
         # again (dcp.save into a fixed checkpoint_id, the marker renamed over the old one; or a
@@ -390,7 +395,13 @@ class JobTracker:
             gen.state, gen.last_commit = DELETING, None  # retention at work, marker first
         elif item.state == COMMITTED and gen.state in (COMMITTED, DELETING) and resaved:
             self._recommit(gen, item, now)
-        elif item.state == COMMITTED and gen.state == DELETING:
+        elif gen.state in (COMMITTED, DELETING) and losing_files:
+            gen.state, gen.last_commit = DELETING, None  # retention at work, shards first
+        elif (
+            item.state == COMMITTED
+            and gen.state == DELETING
+            and (growing or self._still_after_losing_files(gen, now))
+        ):
             gen.state = COMMITTED  # the marker is back (a rename, a restore): nothing new
         elif item.state == COMMITTED and gen.state != COMMITTED:
             self._commit(gen)
@@ -416,6 +427,15 @@ class JobTracker:
             gen.history = False  # it moved while we watched: a live save, counted when judged
         if gen.state == COMMITTED and item.commit_time is not None:
             gen.committed_at = item.commit_time
+
+    def _still_after_losing_files(self, gen: _Gen, now: float) -> bool:
+        """A generation whose marker stands, deleting since it lost files, unchanged since for
+        the settle period: the files are lost, not being deleted."""
+        return (
+            gen.state == DELETING
+            and gen.found.state == COMMITTED
+            and now - gen.progress_at >= self.policy.settle
+        )
 
     def _recommit(self, gen: _Gen, item: Found, now: float) -> None:
         """The generation was saved again under its own name: a new save, counted and judged
@@ -446,6 +466,10 @@ class JobTracker:
             self._touch()
         if self._pending is not None and now >= self._pending.due:
             self._diagnose(None)  # its telemetry never came (none on this node, or too late)
+        for gen in self._gens.values():
+            if self._still_after_losing_files(gen, now):
+                gen.state = COMMITTED  # judged again: its signature changed since its verdict
+                self._touch()
 
     def next_due(self, now: float) -> float | None:
         """When ``tick`` next has something to do (an abort deadline, a spool timeline to settle
@@ -475,6 +499,9 @@ class JobTracker:
             due.append(run.first_seen + RESTORE_EXPIRY + TICK_MARGIN)
         if self._pending is not None:
             due.append(self._pending.due + TICK_MARGIN)
+        for gen in self._gens.values():
+            if gen.state == DELETING and gen.found.state == COMMITTED:
+                due.append(gen.progress_at + self.policy.settle + TICK_MARGIN)
         return min(due, default=None)
 
     def _two_tier(self) -> bool:
