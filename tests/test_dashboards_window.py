@@ -103,6 +103,8 @@ class Targets:
                 f"checkpoint_local_saves_in_progress{{{job}}} {len(running)}",
                 f'checkpoint_save_duration_seconds_sum{{{job},phase="pause"}} {2.0 * pauses}',
                 f'checkpoint_save_duration_seconds_count{{{job},phase="pause"}} {pauses}',
+                f'checkpoint_save_duration_seconds_sum{{{job},phase="total"}} {30.0 * pauses}',
+                f'checkpoint_save_duration_seconds_count{{{job},phase="total"}} {pauses}',
                 f'checkpoint_save_symptoms_total{{{job},symptom="straggler"}} {len(committed)}',
                 f'checkpoint_last_save_symptom_info{{{job},symptom="straggler"}} 1',
             ]

@@ -221,8 +221,12 @@ def _symptoms_and_interval(c: MixinConfig, s: _Selectors) -> list[Section]:
                 Query(f"{rules.INTERVAL}{{{recorded}}}", "{{training_job}} configured"),
                 Query(f"{rules.YOUNG}{{{recorded}}}", "{{training_job}} Young", (MTBF,)),
                 Query(f"{rules.DALY}{{{recorded}}}", "{{training_job}} Daly", (MTBF,)),
-            ), unit="s", description="CheckpointIntervalOffOptimum tickets when the configured "
-                                     "interval stays over twice or under half Young's for a day."),
+                Query(f"{rules.RECOMMENDED}{{{recorded}}}", "{{training_job}} recommended",
+                      (MTBF,)),
+            ), unit="s", description="Recommended: Young's interval, or the save's own duration "
+                                     "when longer. CheckpointIntervalOffOptimum tickets when the "
+                                     "configured interval stays over twice or under half the "
+                                     "recommended one for a day."),
             Panel("Time lost to saves and rework: configured against optimal interval", (
                 Query(f"{rules.WASTE_CONFIGURED}{{{recorded}}}", "{{training_job}} configured",
                       (MTBF,)),
