@@ -12,6 +12,7 @@ from pathlib import Path
 
 from prometheus_client import generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder
 from prometheus_client.openmetrics.exposition import generate_latest as openmetrics
 from prometheus_client.registry import CollectorRegistry
 
@@ -20,7 +21,7 @@ from checkpoint_exporter.core.tracker import Tracker
 from checkpoint_exporter.exposition import metrics
 from checkpoint_exporter.exposition.collectors import ALL_SPECS, REGISTRY, enabled_collectors
 from checkpoint_exporter.exposition.collectors.base import NoDataError, SnapshotCollector
-from checkpoint_exporter.exposition.renderer import Renderer, runtime_registry
+from checkpoint_exporter.exposition.renderer import MAX_ENCODERS, Renderer, runtime_registry
 from checkpoint_exporter.model import (
     DURABLE,
     DaemonState,
@@ -150,6 +151,24 @@ def test_an_unchanged_snapshot_is_rendered_once(tmp_path: Path) -> None:
     assert tracker.publish() is not first
     renderer.render(generate_latest)
     assert renderer.bodies_rendered == 2
+
+
+def test_every_scrape_s_own_encoder_hits_the_same_caches(tmp_path: Path) -> None:
+    """prometheus_client (0.26) answers an OpenMetrics Accept header with a new
+    functools.partial on every request: keyed by the object, the renderer's caches grew with
+    every scrape (about 240 MB an hour in the demo) and never hit. Equal encoders share one
+    entry, and a scraper cycling through Accept variants cannot grow them without bound."""
+    (tmp_path / "a").mkdir()
+    tracker = Tracker(parse_config("jobs: [{name: a, path: a}]\n", "t.yaml", tmp_path))
+    tracker.publish()
+    renderer = Renderer(lambda: tracker.snapshot, enabled_collectors({}))
+    accept = "application/openmetrics-text; version=1.0.0; charset=utf-8"
+    bodies = {renderer.render(choose_encoder(accept)[0]) for _ in range(20)}
+    assert len(bodies) == 1 and renderer.bodies_rendered == 1
+    for minor in range(50):  # hostile: a new encoder per request, each one different
+        variant = f"application/openmetrics-text; version=1.{minor}.0"
+        renderer.render(choose_encoder(variant)[0])
+    assert renderer.cached_encoders() <= MAX_ENCODERS
 
 
 def _without_durations(body: bytes) -> bytes:

@@ -18,11 +18,13 @@ are appended through the same encoders.
 
 from __future__ import annotations
 
+import functools
 import logging
 import platform
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import replace
 from typing import TypeVar
 
@@ -44,6 +46,18 @@ log = logging.getLogger(__name__)
 
 Encoder = Callable[[CollectorRegistry], bytes]
 Part = TypeVar("Part")
+# What an encoder does, as a cache key: prometheus_client (0.26) makes a new functools.partial
+# for every OpenMetrics request, equal in what it does, never the same object.
+EncoderKey = Hashable
+# Encoders whose renders are kept: each format and escaping a scraper asks for is one; a
+# scraper cycling through Accept variants evicts the least recently used.
+MAX_ENCODERS = 8
+
+
+def encoder_key(encoder: Encoder) -> EncoderKey:
+    if isinstance(encoder, functools.partial):
+        return (encoder.func, encoder.args, tuple(sorted(encoder.keywords.items())))
+    return encoder
 
 
 def runtime_registry() -> CollectorRegistry:
@@ -105,9 +119,10 @@ class Renderer:
         self._collectors = tuple(collectors)
         self._runtime = runtime
         # (encoder, collector, job) -> (JobState.version rendered, telemetry it saw, sample lines)
-        self._jobs: dict[tuple[Encoder, str, str], tuple[int, object, list[bytes]]] = {}
-        self._headers: dict[tuple[Encoder, str], list[bytes]] = {}
-        self._bodies: dict[Encoder, tuple[Snapshot, bytes]] = {}  # the last snapshot's body
+        self._jobs: dict[tuple[EncoderKey, str, str], tuple[int, object, list[bytes]]] = {}
+        self._headers: dict[tuple[EncoderKey, str], list[bytes]] = {}
+        # The last snapshot's body per encoder, least recently used first.
+        self._bodies: OrderedDict[EncoderKey, tuple[Snapshot, bytes]] = OrderedDict()
         self._lock = threading.Lock()
         self.jobs_rendered = 0  # jobs rendered afresh, for tests and benchmarks
         self.bodies_rendered = 0  # snapshots rendered afresh
@@ -132,25 +147,42 @@ class Renderer:
     def _runtime_families(self) -> list[Metric]:
         return list(self._runtime.collect()) if self._runtime is not None else []
 
+    def cached_encoders(self) -> int:
+        """How many encoders' renders are kept (at most MAX_ENCODERS)."""
+        return len({key[0] for key in self._headers} | set(self._bodies))
+
     def _exporter_body(self, encoder: Encoder) -> bytes:
+        key = encoder_key(encoder)
         snapshot = self.snapshot()
-        cached = self._bodies.get(encoder)
+        cached = self._bodies.get(key)
         if cached is not None and cached[0] is snapshot:
             return cached[1]
         # One render per snapshot however many scrapers arrive at once: the rest wait for it
         # (rendering is CPU-bound, so rendering in parallel would only be slower for all).
         with self._lock:
             snapshot = self.snapshot()
-            cached = self._bodies.get(encoder)
+            cached = self._bodies.get(key)
             if cached is not None and cached[0] is snapshot:
                 return cached[1]
-            parts, tail = self._each_collector(lambda c: self._collector(c, snapshot, encoder))
+            self._make_room(key)
+            parts, tail = self._each_collector(lambda c: self._collector(c, snapshot, encoder, key))
             build = _without_eof(_encode(encoder, [_build_info()]))
             body = b"".join([build, *parts, _without_eof(_encode(encoder, tail))])
             self._forget_gone(snapshot)
-            self._bodies[encoder] = (snapshot, body)
+            self._bodies[key] = (snapshot, body)
+            self._bodies.move_to_end(key)
             self.bodies_rendered += 1
             return body
+
+    def _make_room(self, key: EncoderKey) -> None:
+        """Keep the renders of the MAX_ENCODERS encoders used last, ``key`` among them."""
+        if key in self._bodies:
+            self._bodies.move_to_end(key)
+            return
+        while len(self._bodies) >= MAX_ENCODERS:
+            gone, _ = self._bodies.popitem(last=False)
+            self._jobs = {k: v for k, v in self._jobs.items() if k[0] != gone}
+            self._headers = {k: v for k, v in self._headers.items() if k[0] != gone}
 
     def _each_collector(
         self, output: Callable[[SnapshotCollector], list[Part]]
@@ -177,26 +209,27 @@ class Renderer:
         return parts, [success, duration]
 
     def _collector(
-        self, collector: SnapshotCollector, snapshot: Snapshot, encoder: Encoder
+        self, collector: SnapshotCollector, snapshot: Snapshot, encoder: Encoder, key: EncoderKey
     ) -> list[bytes]:
         if not collector.per_job:
             return [_without_eof(_encode(encoder, list(collector.collect(snapshot))))]
         # Without jobs: the families' headers, and whether the collector has data at all.
         empty = list(collector.collect(replace(snapshot, jobs=())))
-        headers = self._headers.get((encoder, collector.name))
+        headers = self._headers.get((key, collector.name))
         if headers is None or len(headers) != len(empty):
             headers = [_split(_encode(encoder, [family]))[0] for family in empty]
-            self._headers[(encoder, collector.name)] = headers
+            self._headers[(key, collector.name)] = headers
         samples: list[list[bytes]] = [[] for _ in headers]
         for job in snapshot.jobs:
-            for index, lines in enumerate(self._job(collector, snapshot, job, encoder)):
+            for index, lines in enumerate(self._job(collector, snapshot, job, encoder, key)):
                 samples[index].append(lines)
         return [header + b"".join(lines) for header, lines in zip(headers, samples, strict=True)]
 
     def _job(
-        self, collector: SnapshotCollector, snapshot: Snapshot, job: JobState, encoder: Encoder
-    ) -> list[bytes]:
-        key = (encoder, collector.name, job.name)
+        self, collector: SnapshotCollector, snapshot: Snapshot, job: JobState, encoder: Encoder,
+        encoder_key: EncoderKey,
+    ) -> list[bytes]:  # fmt: skip
+        key = (encoder_key, collector.name, job.name)
         cached = self._jobs.get(key)
         # Version 0 is a state nobody versioned (the dataclass default): never reused.
         if (
