@@ -289,8 +289,8 @@ class Validator:
                 continue
             if not verdict.valid:
                 log.warning(
-                    "invalid checkpoint: job=%s generation=%s reason=%s %s",
-                    request.job, request.generation, verdict.reason, verdict.detail,
+                    "invalid checkpoint: job=%s tier=%s generation=%s reason=%s %s",
+                    request.job, request.tier, request.generation, verdict.reason, verdict.detail,
                 )  # fmt: skip
             elif verdict.detail:
                 log.warning(
