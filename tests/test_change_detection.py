@@ -369,6 +369,7 @@ def test_a_committed_generation_that_lost_a_file_and_stays_is_judged_again() -> 
     tracker.observe(DURABLE, [short], T + 100)
     assert tracker.next_due(T + 100) is not None  # the settle period is kept
     tracker.tick(T + 100 + Policy().settle + 1)
+    assert tracker.validation_retry_due(T + 107)  # the scanner reads it again, unprompted
     (request,) = tracker.observe(DURABLE, [short], T + 107).requests
     tracker.apply_verdict(request, Verdict(False, "missing_shard"))
     state = tracker.state()

@@ -469,6 +469,7 @@ class JobTracker:
         for gen in self._gens.values():
             if self._still_after_losing_files(gen, now):
                 gen.state = COMMITTED  # judged again: its signature changed since its verdict
+                self._next_retry = min(self._next_retry or now, now)  # a scan asks for it
                 self._touch()
 
     def next_due(self, now: float) -> float | None:
