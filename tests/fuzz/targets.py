@@ -134,7 +134,10 @@ def spool_target(data: bytes) -> None:
     with tempfile.TemporaryDirectory(prefix="fuzz-spool-") as directory:
         job = Path(directory) / "job"
         job.mkdir()
-        reader = SpoolReader(Path(directory), poll_bytes=32 * 1024, poll_lines=512)
+        # The reader's clock (SPOOL_NOW) is not the files' mtimes: no retention here.
+        reader = SpoolReader(
+            Path(directory), poll_bytes=32 * 1024, poll_lines=512, retention=100 * 365 * 86400.0
+        )
         reader.poll(SPOOL_NOW)  # the file comes after: live, read from its first byte
         (job / "node-1.jsonl").write_bytes(data)
         events = []
