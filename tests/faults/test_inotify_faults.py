@@ -99,9 +99,10 @@ jobs:
         lambda: served.value("checkpoint_exporter_watch_info", training_job="j", mode="poll") == 1
     )
     wait_for(lambda: served.value("checkpoint_last_committed_step", training_job="j") == 12, 5)
-    # A shard deleted from the newest generation, whose directory was never watched, is seen.
+    # A shard deleted from the newest generation, whose directory was never watched, is seen
+    # (once still for the settle period: a generation losing files may be retention at work).
     (job / "step-12" / "__1_0.distcp").unlink()
-    wait_for(lambda: served.value("checkpoint_last_committed_valid", training_job="j") == 0, 5)
+    wait_for(lambda: served.value("checkpoint_last_committed_valid", training_job="j") == 0, 15)
     # The other job keeps its inotify watch: the one that hit the limit gave its watches back.
     assert served.value("checkpoint_exporter_watch_info", training_job="other", mode="inotify") == 1
     _publish(other, 1)

@@ -152,7 +152,9 @@ _ALLOWED = {
     "demo/cluster.py": "writes the simulated cluster in its own work directory",
     "mixin/generate.py": "writes the repository's generated files",
     "instrument.py": "runs inside training jobs, appending to the spool",
-    "sources/spool.py": "removes spool files past spool_retention (the spool is not watched)",
+    "sources/spool.py": "removes spool files past spool_retention, and the job directories they "
+    "leave empty (the spool is not watched)",
+    "acceptance/report.py": "writes the report files `acceptance` is asked to write (--output)",
     "restore.py": "the drill's worker writes its result to a pipe and temporary files only",
     "sources/fsread.py": "opens read-only, O_NOFOLLOW (its flags are checked by the test below); "
     "every read of a watched file or directory goes through it",

@@ -195,6 +195,8 @@ def _spool_with_job(tmp_path: Path) -> Path:
     old = spool / "j" / "h-1.jsonl"  # the same name as the file outside
     old.write_bytes(save("j", 1, now - 1, now))
     os.utime(old, (now - 90 * 86400,) * 2)
+    # A job still writing: its directory stays once retention has taken the old file.
+    (spool / "j" / "h-2.jsonl").write_bytes(save("j", 2, now - 1, now))
     return spool
 
 
