@@ -247,11 +247,15 @@ class Cluster:
                 time.sleep(seconds_per_chunk)
 
     def _drain(self, job: DemoJob) -> None:
-        """Copy committed staged generations to the durable tier, .metadata last, throttled."""
+        """Copy committed staged generations to the durable tier, oldest first, .metadata last,
+        throttled; each one once (a copy durable retention removed is not made again)."""
+        drained: set[str] = set()
         while not self.stop.wait(1.0):
-            for generation in sorted(self.first_tier(job).glob("step-*")):
+            staged = sorted(self.first_tier(job).glob("step-*"), key=_step)
+            drained &= {generation.name for generation in staged}
+            for generation in staged:
                 copy = self.durable(job) / generation.name
-                if not (generation / ".metadata").exists() or (copy / ".metadata").exists():
+                if generation.name in drained or not (generation / ".metadata").exists():
                     continue
                 files = sorted(generation.iterdir(), key=lambda p: p.name == ".metadata")
                 if len(files) != job.ranks + 1:
@@ -265,13 +269,19 @@ class Cluster:
                     except FileNotFoundError:
                         break  # retention removed it meanwhile: .metadata is never copied
                     self.stop.wait(file.stat().st_size / (DRAIN_MBPS * MB) if file.exists() else 0)
+                else:
+                    drained.add(generation.name)
                 self._retain(self.durable(job))
 
     @staticmethod
     def _retain(tier: Path) -> None:
-        generations = sorted(tier.glob("step-*"), key=lambda p: int(p.name.split("-")[1]))
+        generations = sorted(tier.glob("step-*"), key=_step)
         for old in generations[:-KEEP]:
             shutil.rmtree(old, ignore_errors=True)
+
+
+def _step(generation: Path) -> int:
+    return int(generation.name.split("-")[1])
 
 
 # --- processes: exporter, Prometheus, Alertmanager ---------------------------------------------
