@@ -317,25 +317,7 @@ def test_a_failed_restore_marks_its_save_unrestorable_once() -> None:
 
 
 def test_contention_needs_a_neighbour_saving_at_once() -> None:
-    thresholds = replace(D, telemetry_grace=1.0)
-    tracker = Tracker(replace(Config(), diagnosis=thresholds))
-    jobs = {}
-    for name in ("a", "b"):
-        jobs[name] = JobTracker(name, (WatchedPath(DURABLE, f"/ckpt/{name}"),), Policy(deadline=5))
-        tracker.add(jobs[name])
-        jobs[name].observe(DURABLE, [], T)
-
-    def save(name: str, step: int, start: float, seconds: float) -> None:
-        events = [
-            Event(start + offset, point, name, step, 0, 1, "n1", None, None, None)
-            for offset, point in zip(
-                (0, 0.1, 0.2, seconds - 0.1, seconds),
-                ("save_start", "resume", "staged", "written", "committed"),
-                strict=True,
-            )
-        ]
-        jobs[name].apply_events(events, start + seconds)
-        jobs[name].tick(start + seconds + 5)
+    jobs, save = _neighbours()
 
     save("a", 1, T, 1.0)  # alone and fast
     save("a", 2, T + 20, 1.2)
