@@ -19,6 +19,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+# The heartbeats a save starts would outlive the test that saved (a daemon thread writing into
+# its spool every minute, into later tests' time): off, except where a test starts them itself.
+os.environ["CHECKPOINT_EXPORTER_HEARTBEAT_SECONDS"] = "0"
 CLI = [sys.executable, "-m", "checkpoint_exporter"]
 
 

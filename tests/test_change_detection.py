@@ -129,8 +129,10 @@ def test_markers_cost_one_stat_each_and_unchanged_ones_keep_the_tree(tmp_path: P
 # --- tracker -------------------------------------------------------------------------------
 
 
-def job(deadline: float = 30, settle: float = 5) -> JobTracker:
-    return JobTracker("j", (WatchedPath(DURABLE, "/x"),), Policy(deadline=deadline, settle=settle))
+def job(deadline: float = 30, settle: float = 5, abort_after: float = 30) -> JobTracker:
+    """abort_after as short as the deadline: these tests are about settling, not its default."""
+    policy = Policy(deadline=deadline, settle=settle, abort_after=abort_after)
+    return JobTracker("j", (WatchedPath(DURABLE, "/x"),), policy)
 
 
 def single(size: int, mtime: float, name: str = "last.ckpt") -> Found:
@@ -156,7 +158,7 @@ def test_a_generation_without_marker_commits_once_still_and_whole() -> None:
     assert (state.saves_committed, state.saves_aborted, state.last_committed_valid) == (1, 0, True)
 
 
-def test_an_incomplete_one_is_aborted_at_the_deadline_not_at_the_settle(caplog) -> None:
+def test_an_incomplete_one_is_aborted_at_abort_after_not_at_the_settle(caplog) -> None:
     tracker = job(deadline=30, settle=5)
     tracker.observe(DURABLE, [], T)
     tracker.observe(DURABLE, [single(500, T + 1)], T + 1)

@@ -374,3 +374,67 @@ def test_unknown_jobs_are_listed_rarely_never_read_and_forgotten(tmp_path: Path)
     reader.poll()
     assert set(reader._dirs) == set() and set(reader._unknown) == {"mine", "third"}
     assert reader.poll_seconds_total > 0  # the spool's cost, for the exporter's own metrics
+
+
+# --- liveness: heartbeats, finished, drills ([pager]) ----------------------------------------
+
+
+def test_start_heartbeats_until_finished(tmp_path: Path) -> None:
+    """start() says the job runs at once and every interval after; finished() says it ended
+    and stops the heartbeats of this process."""
+    instrument.start(training_job="alive", spool=str(tmp_path), interval=0.05)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if sum(e["event"] == "heartbeat" for e in lines(tmp_path, "alive")) >= 3:
+            break
+        time.sleep(0.02)
+    instrument.finished(training_job="alive", spool=str(tmp_path))
+    events = lines(tmp_path, "alive")
+    assert [e["event"] for e in events].count("heartbeat") >= 3
+    assert events[-1]["event"] == "finished" or events[-2]["event"] == "finished"
+    time.sleep(0.2)  # four intervals: a heartbeat thread still running would write more
+    after = lines(tmp_path, "alive")
+    finished_at = next(i for i, e in enumerate(after) if e["event"] == "finished")
+    assert all(e["event"] != "heartbeat" for e in after[finished_at + 1 :])
+
+
+def test_a_save_starts_heartbeats_at_the_configured_interval(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CHECKPOINT_EXPORTER_HEARTBEAT_SECONDS", "0.05")
+    with instrument.saving(training_job="beats", step=1, spool=str(tmp_path)):
+        pass
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not any(
+        e["event"] == "heartbeat" for e in lines(tmp_path, "beats")
+    ):
+        time.sleep(0.02)
+    instrument.finished(training_job="beats", spool=str(tmp_path))
+    events = [e["event"] for e in lines(tmp_path, "beats")]
+    assert events[:2] == ["save_start", "committed"] and "heartbeat" in events
+
+
+def test_drill_restores_say_so_and_the_reader_keeps_it(tmp_path: Path) -> None:
+    with instrument.restoring(training_job="d", step=3, spool=str(tmp_path), drill=True):
+        pass
+    with instrument.restoring(training_job="d", step=3, spool=str(tmp_path)):
+        pass
+    assert [e.get("drill") for e in lines(tmp_path, "d")] == [True, True, None, None]
+    reader = SpoolReader(tmp_path)
+    reader.poll(time.time())  # the first poll: what is there is history
+    with instrument.restoring(training_job="d", step=4, spool=str(tmp_path), drill=True):
+        pass
+    events = reader.poll(time.time())
+    assert [(e.event, e.drill) for e in events] == [("restore_start", True), ("restore_done", True)]
+
+
+@pytest.mark.parametrize("bad", [2**53 + 1, 10**400, -1])
+def test_a_step_no_float_holds_exactly_is_a_schema_error(tmp_path: Path, bad: int) -> None:
+    reader = SpoolReader(tmp_path)
+    reader.poll(time.time())
+    (tmp_path / "j").mkdir()
+    line = {"v": 1, "ts": time.time(), "event": "save_start", "training_job": "j", "step": bad}
+    (tmp_path / "j" / "h-1.jsonl").write_text(json.dumps(line) + "\n")
+    time.sleep(ROOT_RELIST_MIN)
+    assert reader.poll(time.time()) == []
+    assert reader.invalid_total["schema"] == 1

@@ -108,7 +108,8 @@ def test_a_metric_is_born_in_the_module_that_spells_it() -> None:
         daemon=DaemonState(scans=HistogramState((1.0,), (1, 0), 0.5), ready=True,
                            first_scans=(("job-0", DURABLE, True, 5),), mounts=(("/ckpt", False),),
                            scan_success=(("job-0", DURABLE, 1.0),),
-                           config_reload_success_time=1.0, shard_info=(0, 2, "shared")),
+                           config_reload_success_time=1.0, shard_info=(0, 2, "shared"),
+                           spool_writable=True),
         filesystems=(FilesystemState("/ckpt", "dev", "xfs", 10, 5, 0.2),),
     )  # fmt: skip
     for name, entry in REGISTRY.items():

@@ -12,8 +12,9 @@ T = 1_800_000_000.0
 CHECK = (Check(DCP, "x"),)
 
 
-def job(deadline: float = 60) -> JobTracker:
-    return JobTracker("j", (WatchedPath(DURABLE, "/x"),), Policy(deadline=deadline))
+def job(deadline: float = 60, abort_after: float | None = None) -> JobTracker:
+    policy = Policy(deadline=deadline, abort_after=abort_after)
+    return JobTracker("j", (WatchedPath(DURABLE, "/x"),), policy)
 
 
 def gen(gen_id: str, state: str, start: float, commit: float | None = None, **kw) -> Found:
@@ -71,8 +72,8 @@ def test_commit_counts_duration_and_deadline_misses() -> None:
     assert cumulative[60] == 1 and cumulative[float("inf")] == 2
 
 
-def test_no_progress_for_the_deadline_aborts_once() -> None:
-    tracker = job(deadline=30)
+def test_no_progress_for_abort_after_aborts_once() -> None:
+    tracker = job(deadline=30, abort_after=30)
     tracker.observe(DURABLE, [], T)
     tracker.observe(DURABLE, [gen("a", WRITING, T, size=1)], T + 1)
     tracker.observe(DURABLE, [gen("a", WRITING, T, size=2)], T + 20)  # progress resets the timer
@@ -81,10 +82,32 @@ def test_no_progress_for_the_deadline_aborts_once() -> None:
     tracker.tick(T + 51)
     tracker.tick(T + 80)
     assert by_id(tracker)["a"].state == ABORTED and tracker.state().saves_aborted == 1
-    # A late commit still counts as a commit, and as a deadline miss.
+    # A commit long after it was given up still counts as a commit, and as a deadline miss.
     tracker.observe(DURABLE, [gen("a", COMMITTED, T, T + 90)], T + 91)
     state = tracker.state()
     assert (state.saves_committed, state.saves_aborted, state.deadline_misses) == (1, 1, 1)
+
+
+def test_a_slow_commit_is_late_never_aborted() -> None:
+    """The demo's slow-commit job: the shards are written, then nothing moves for longer than
+    the 5 s deadline until the marker lands at 7 s. One deadline miss; never an abort (it was
+    counted aborted and then late: 12 / 4 / 4 committed / aborted / late)."""
+    tracker = job(deadline=5)
+    tracker.observe(DURABLE, [], T)
+    tracker.observe(DURABLE, [gen("a", WRITING, T, size=10)], T + 0.5)
+    for second in range(1, 8):
+        tracker.tick(T + second)  # the old abort timer would have fired at T + 5.5
+        assert by_id(tracker)["a"].state == WRITING
+    tracker.observe(DURABLE, [gen("a", COMMITTED, T, T + 7)], T + 7.2)
+    state = tracker.state()
+    assert (state.saves_committed, state.saves_aborted, state.deadline_misses) == (1, 0, 1)
+    assert [r.outcome for r in state.recent_saves] == ["late"]
+
+
+def test_abort_after_defaults_to_twice_the_deadline_and_at_least_ten_minutes() -> None:
+    assert Policy(deadline=60).abort_seconds == 600
+    assert Policy(deadline=900).abort_seconds == 1800
+    assert Policy(deadline=60, abort_after=120).abort_seconds == 120
 
 
 def test_abort_timer_uses_the_local_clock_not_skewed_mtimes() -> None:
@@ -208,8 +231,8 @@ def test_next_due_is_when_tick_has_work() -> None:
     assert tracker.next_due(T) is None  # idle: no timer at all
     tracker.observe(DURABLE, [gen("a", WRITING, T + 1)], T + 2)
     due = tracker.next_due(T + 2)
-    assert due is not None and T + 62 < due <= T + 62.1  # its abort deadline, just past
-    tracker.tick(T + 61)
+    assert due is not None and T + 602 < due <= T + 602.1  # its abort_after, just past
+    tracker.tick(T + 601)
     assert by_id(tracker)["a"].state == WRITING
     tracker.tick(due)
     assert by_id(tracker)["a"].state == ABORTED and tracker.next_due(due) is None

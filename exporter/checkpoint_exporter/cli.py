@@ -302,7 +302,10 @@ def _load_config(config_file: str | None, serving: Any = None) -> Any:
     serving = serving or Serving()
     if config_file is None:
         return Config(serving=serving)
-    return load_config(config_file, serving)
+    config = load_config(config_file, serving)
+    for note in config.warnings:
+        log.warning("config: %s", note)
+    return config
 
 
 def _serving(args: argparse.Namespace) -> Any:
@@ -496,6 +499,8 @@ def _check_config(args: argparse.Namespace) -> int:
     except ConfigError as error:
         return _report_config_error(error)
     sys.stdout.write(yaml.safe_dump(config_to_dict(config), sort_keys=False))
+    for note in config.warnings:
+        print(f"warning: {note}", file=sys.stderr)
     print(
         f"{args.config_file}: ok ({len(config.jobs)} jobs, {len(config.discover)} discover roots)",
         file=sys.stderr,

@@ -66,6 +66,11 @@ SCOPE_CHOICES = ("auto", NODE, SHARED)
 _JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
 
+# The shortest default abort_after: a save that wrote nothing for ten minutes is not coming back,
+# while a slow commit (a metadata gather, a rename on a busy server) may pause for minutes.
+MIN_ABORT_AFTER = 600.0
+
+
 @dataclass(frozen=True)
 class Policy:
     """The objectives and knobs a job inherits from ``defaults`` and may override."""
@@ -89,6 +94,26 @@ class Policy:
     # Mean time between failures that stop the job (a restart from the newest checkpoint): the
     # input of Young's and Daly's intervals. None: not stated, no interval advice.
     mtbf: float | None = None
+    # A job with no sign of life (heartbeat, spool event, write in its tree) for this long is
+    # presumed gone: its checkpoints stop paging, and a ticket names it.
+    abandon_after: float = 86400.0
+    # A save in progress with nothing moved for this long is aborted (None: twice the deadline,
+    # at least MIN_ABORT_AFTER). Slower than the deadline is late, not aborted: a slow commit
+    # writes nothing for a while, then commits.
+    abort_after: float | None = None
+    # The job ended (a job that is not instrumented cannot say so itself): nothing pages for it.
+    finished: bool = False
+    # Whether its failures page (critical) or open tickets (warning). Resolved when the file is
+    # read: a configured job pages; a discovered one pages only where its objectives (interval
+    # and deadline) were stated, in its discover entry or in `defaults:`.
+    page: bool = True
+
+    @property
+    def abort_seconds(self) -> float:
+        """Seconds without progress after which a save in progress is aborted."""
+        if self.abort_after is not None:
+            return self.abort_after
+        return max(2 * self.deadline, MIN_ABORT_AFTER)
 
 
 @dataclass(frozen=True)
@@ -297,6 +322,8 @@ class Config:
     discover: tuple[DiscoverConfig, ...] = ()
     serving: Serving = field(default_factory=Serving)  # from the flags, not the file
     diagnosis: DiagnosisThresholds = field(default_factory=DiagnosisThresholds)
+    # What is worth saying but stops nothing (a watched directory that does not exist yet).
+    warnings: tuple[ConfigProblem, ...] = ()
 
 
 # --- values -------------------------------------------------------------------------------
@@ -394,8 +421,14 @@ POLICY_FIELDS = (
     Field("settle", positive_duration),
     Field("scope", choice(SCOPE_CHOICES)),
     Field("mtbf", _optional(positive_duration)),
+    Field("abandon_after", positive_duration),
+    Field("abort_after", _optional(positive_duration)),
+    Field("finished", boolean),
+    Field("page", boolean),
 )
 _POLICY_KEYS = {f.key for f in POLICY_FIELDS}
+# A discovered job pages only when these were stated for it (not left to the built-in defaults).
+OBJECTIVE_KEYS = frozenset({"interval", "deadline"})
 
 TELEMETRY_FIELDS = (
     Field("sample_interval", positive_duration),
@@ -532,23 +565,29 @@ class _DirectoryChecks:
 
 
 def _readable_directory(
-    problems: Problems, path: KeyPath, directory: Path, checks: _DirectoryChecks
+    problems: Problems, notes: Problems, path: KeyPath, directory: Path, checks: _DirectoryChecks
 ) -> Path:
-    """Check ``directory``; returns its real path (itself when it could not be resolved)."""
+    """Check ``directory``; returns its real path (itself when it could not be resolved).
+
+    A directory that does not exist, or cannot be read, is a note, not a problem: jobs are
+    configured before they make their directories and removed after, and a permission is
+    fixed while the exporter runs. The scanner watches for it and exports what it finds
+    (checkpoint_exporter_path_missing, checkpoint_exporter_unreadable_paths). A path that is
+    there and is no directory is a mistake in the file."""
     answer = checks.run(directory)
     if answer is None:
         return directory
     mode, readable, resolved = answer
     if isinstance(mode, FileNotFoundError):
-        problems.add(path, f"{directory} does not exist")
+        notes.add(path, f"{directory} does not exist yet: watched from when it appears")
     elif isinstance(mode, PermissionError):
-        problems.add(path, f"{directory} cannot be reached: permission denied on a parent")
+        notes.add(path, f"{directory} cannot be reached: permission denied on a parent")
     elif isinstance(mode, OSError):
-        problems.add(path, f"{directory} cannot be checked: {mode.strerror}")
+        notes.add(path, f"{directory} cannot be checked: {mode.strerror}")
     elif not stat.S_ISDIR(mode):
         problems.add(path, f"{directory} is not a directory")
     elif not readable:
-        problems.add(
+        notes.add(
             path,
             f"{directory} is not readable by uid {os.geteuid()}: "
             "the exporter needs read and search (r-x) permission",
@@ -607,6 +646,7 @@ def _telemetry(problems: Problems, raw: object) -> TelemetryConfig:
 def _parse(
     data: object,
     problems: Problems,
+    notes: Problems,
     base_dir: Path,
     other_files: list[ConfigProblem],
     serving: Serving,
@@ -623,7 +663,8 @@ def _parse(
     )
     telemetry = _telemetry(problems, top.get("telemetry"))
     scan = ScanConfig(**problems.check(top.get("scan"), ("scan",), SCAN_FIELDS))
-    defaults = _policy(problems.check(top.get("defaults"), ("defaults",), POLICY_FIELDS), Policy())
+    stated = problems.check(top.get("defaults"), ("defaults",), POLICY_FIELDS)
+    defaults = _policy(stated, Policy())
     config = Config(
         source=None,
         web=web,
@@ -631,8 +672,10 @@ def _parse(
         telemetry=telemetry,
         scan=scan,
         defaults=defaults,
-        jobs=_jobs(problems, top.get("jobs"), path, defaults, serving),
-        discover=_discover(problems, top.get("discover"), path, defaults, serving),
+        jobs=_jobs(problems, notes, top.get("jobs"), path, defaults, serving),
+        discover=_discover(
+            problems, notes, top.get("discover"), path, defaults, set(stated), serving
+        ),
         serving=serving,
         diagnosis=DiagnosisThresholds(
             **problems.check(top.get("diagnosis"), ("diagnosis",), DIAGNOSIS_FIELDS)
@@ -652,7 +695,12 @@ def _list(problems: Problems, raw: object, key: str) -> list[object]:
 
 
 def _jobs(
-    problems: Problems, raw: object, path: Parser, defaults: Policy, serving: Serving
+    problems: Problems,
+    notes: Problems,
+    raw: object,
+    path: Parser,
+    defaults: Policy,
+    serving: Serving,
 ) -> tuple[JobConfig, ...]:
     fields = _job_fields(path)
     jobs: list[JobConfig] = []
@@ -674,7 +722,7 @@ def _jobs(
             directory = values.get(tier_key)
             if directory is None or not _checked(serving, scopes[tier_key], name):
                 continue
-            resolved = _readable_directory(problems, (*at, tier_key), directory, checks)
+            resolved = _readable_directory(problems, notes, (*at, tier_key), directory, checks)
             if resolved in watched:
                 problems.add(
                     (*at, tier_key),
@@ -689,7 +737,13 @@ def _jobs(
 
 
 def _discover(
-    problems: Problems, raw: object, path: Parser, defaults: Policy, serving: Serving
+    problems: Problems,
+    notes: Problems,
+    raw: object,
+    path: Parser,
+    defaults: Policy,
+    stated_defaults: set[str],
+    serving: Serving,
 ) -> tuple[DiscoverConfig, ...]:
     fields = _discover_fields(path)
     entries: list[DiscoverConfig] = []
@@ -700,13 +754,18 @@ def _discover(
         if "root" not in values:
             continue
         if _checked(serving, values.get("scope", defaults.scope), None):
-            _readable_directory(problems, (*at, "root"), values["root"], checks)
+            _readable_directory(problems, notes, (*at, "root"), values["root"], checks)
+        policy = _policy(values, defaults)
+        if "page" not in values and "page" not in stated_defaults:
+            # Every run under a root is held to the objectives stated for the root; where none
+            # were, the built-in defaults are a guess, and a guess must not page anyone.
+            policy = replace(policy, page=(set(values) | stated_defaults) >= OBJECTIVE_KEYS)
         entries.append(
             DiscoverConfig(
                 root=values["root"],
                 max_jobs=values["max_jobs"],
                 forget_after=values["forget_after"],
-                policy=_policy(values, defaults),
+                policy=policy,
             )
         )
     return tuple(entries)
@@ -724,12 +783,13 @@ def parse_config(
     problems = Problems.of(file, document)
     if document.problems and document.data is None:
         raise ConfigError(problems.found)
+    notes = Problems(file, document.lines, document.refused)
     other_files: list[ConfigProblem] = []  # problems of the web config file it names
-    config = _parse(document.data, problems, base_dir or Path.cwd(), other_files, serving)
+    config = _parse(document.data, problems, notes, base_dir or Path.cwd(), other_files, serving)
     if problems.found or other_files:
         found = sorted(problems.found, key=lambda p: (p.line or 0, p.key))
         raise ConfigError(found + other_files)
-    return config
+    return replace(config, warnings=tuple(notes.found))
 
 
 def load_config(path: str | os.PathLike[str], serving: Serving = Serving()) -> Config:
@@ -756,6 +816,10 @@ def _policy_dict(policy: Policy) -> dict[str, Any]:
         "settle": format_duration(policy.settle),
         "scope": policy.scope,
         "mtbf": None if policy.mtbf is None else format_duration(policy.mtbf),
+        "abandon_after": format_duration(policy.abandon_after),
+        "abort_after": format_duration(policy.abort_seconds),
+        "finished": policy.finished,
+        "page": policy.page,
     }
 
 

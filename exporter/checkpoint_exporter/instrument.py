@@ -11,6 +11,14 @@ directory that the node's exporter tails::
         ...; save.resume(); ...; save.staged(); ...; save.written()   # committed on clean exit
     with instrument.restoring(training_job="llama70b", step=n, path=path):
         ...
+    instrument.start(training_job="llama70b")      # heartbeats while the process runs
+    instrument.finished(training_job="llama70b")   # the job ended cleanly: nothing pages for it
+
+The exporter pages when a running job stops checkpointing, and must not page for one that
+finished: the heartbeat says the process runs (a daemon thread, every ``HEARTBEAT_SECONDS``,
+started by ``start`` and by every ``saving``, ``save`` and ``async_save``), and ``finished``
+says it ended on purpose. A job killed without ``finished`` stops heartbeating; the exporter
+keeps paging for it until the job's ``abandon_after`` passes without any sign of life.
 
 The spool is ``spool=`` or ``$CHECKPOINT_EXPORTER_SPOOL``; without either, nothing is written.
 Monitoring never fails or slows training: every spool error is swallowed after one warning.
@@ -31,13 +39,18 @@ import threading
 import time
 import warnings
 from collections.abc import Iterator
+from time import monotonic as _monotonic  # the heartbeat's own clock, whatever patches `time`
 from typing import Any
 
 SPOOL_ENV = "CHECKPOINT_EXPORTER_SPOOL"
+# Seconds between the heartbeats that saves start (0: none; ``start`` takes its own interval).
+HEARTBEAT_ENV = "CHECKPOINT_EXPORTER_HEARTBEAT_SECONDS"
 SCHEMA_VERSION = 1
 SAVE_EVENTS = ("save_start", "resume", "staged", "written", "committed", "save_failed")
 RESTORE_EVENTS = ("restore_start", "restore_done", "restore_failed")
-EVENTS = SAVE_EVENTS + RESTORE_EVENTS
+LIFE_EVENTS = ("heartbeat", "finished")  # the training process runs; it ended cleanly
+EVENTS = SAVE_EVENTS + RESTORE_EVENTS + LIFE_EVENTS
+HEARTBEAT_SECONDS = 60.0
 ROTATE_BYTES = 16 * 1024 * 1024  # one rotated file is kept: <host>-<pid>.jsonl.1
 _MAX_ERROR = 1000  # characters of an error message kept in an event
 
@@ -187,6 +200,7 @@ def saving(
     ranks = (rank, world_size or 1) if rank is not None else None
     emit = _Emitter(training_job, step, path, spool, ranks)
     emit("save_start")
+    _alive(emit)
     try:
         yield Save(emit)
     except BaseException as error:
@@ -197,17 +211,107 @@ def saving(
 
 @contextlib.contextmanager
 def restoring(
-    *, training_job: str, step: int | None = None, path: Any = None, spool: str | None = None
+    *,
+    training_job: str,
+    step: int | None = None,
+    path: Any = None,
+    spool: str | None = None,
+    drill: bool = False,
 ) -> Iterator[None]:
-    """Clocks for a load: ``restore_start``, then ``restore_done`` or ``restore_failed``."""
+    """Clocks for a load: ``restore_start``, then ``restore_done`` or ``restore_failed``.
+
+    ``drill``: a restore drill (``checkpoint-exporter restore-drill``), not a training job
+    restarting: its failure opens a ticket where a training job's pages, and it is no sign that
+    the job runs."""
     emit = _Emitter(training_job, step, path, spool)
-    emit("restore_start")
+    extra = {"drill": True} if drill else {}
+    emit("restore_start", **extra)
     try:
         yield
     except BaseException as error:
-        emit("restore_failed", error)
+        emit("restore_failed", error, **extra)
         raise
-    emit("restore_done")
+    emit("restore_done", **extra)
+
+
+class _Heartbeats:
+    """One daemon thread per process that emits ``heartbeat`` for every job started in it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._jobs: dict[tuple[str, str | None], tuple[_Emitter, float]] = {}
+        self._due: dict[tuple[str, str | None], float] = {}
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._pid = os.getpid()
+
+    def start(self, emit: _Emitter, interval: float, now: bool) -> None:
+        if not emit.spool:
+            return  # no spool: nothing would be written
+        key = (emit.base["training_job"], emit.spool)
+        with self._lock:
+            if os.getpid() != self._pid:  # forked: the parent's thread did not come along
+                self._jobs, self._due, self._thread = {}, {}, None
+                self._pid = os.getpid()
+            known = key in self._jobs
+            self._jobs[key] = (emit, interval)
+            if not known:
+                self._due[key] = _monotonic() + (0.0 if now else interval)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="checkpoint-exporter heartbeat", daemon=True
+                )
+                self._thread.start()
+        self._wake.set()
+
+    def stop(self, training_job: str, spool: str | None) -> None:
+        with self._lock:
+            self._jobs.pop((training_job, spool), None)
+            self._due.pop((training_job, spool), None)
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                now = _monotonic()
+                due = [key for key, at in self._due.items() if at <= now]
+                for key in due:
+                    self._due[key] = now + self._jobs[key][1]
+                emitters = [self._jobs[key][0] for key in due]
+                wait = min(self._due.values(), default=now + HEARTBEAT_SECONDS) - now
+            for emit in emitters:
+                emit("heartbeat")
+            self._wake.wait(timeout=max(0.05, wait))
+            self._wake.clear()
+
+
+_HEARTBEATS = _Heartbeats()
+
+
+def start(
+    *, training_job: str, spool: str | None = None, interval: float = HEARTBEAT_SECONDS
+) -> None:
+    """Tell the exporter this job runs: a ``heartbeat`` now and every ``interval`` seconds while
+    this process lives (a daemon thread; calling it again changes nothing but the interval)."""
+    _HEARTBEATS.start(_Emitter(training_job, None, None, spool), interval, now=True)
+
+
+def finished(*, training_job: str, spool: str | None = None) -> None:
+    """The job ended cleanly: its checkpoint alerts stop. Call it once at the end of training
+    (from every rank, or rank 0 alone). A job that saves or heartbeats again later runs again."""
+    emit = _Emitter(training_job, None, None, spool)
+    _HEARTBEATS.stop(emit.base["training_job"], emit.spool)
+    emit("finished")
+
+
+def _alive(emit: _Emitter) -> None:
+    """A save: the process runs; heartbeats follow from the next interval on."""
+    try:
+        interval = float(os.environ.get(HEARTBEAT_ENV, HEARTBEAT_SECONDS))
+    except ValueError:
+        interval = HEARTBEAT_SECONDS
+    if interval > 0:
+        heartbeat = _Emitter(emit.base["training_job"], None, None, emit.spool)
+        _HEARTBEATS.start(heartbeat, interval, now=False)
 
 
 def save(
@@ -224,6 +328,7 @@ def save(
 
     emit = _Emitter(training_job, step, checkpoint_id, spool)
     emit("save_start")
+    _alive(emit)
     try:
         result = dcp.save(state_dict, checkpoint_id=checkpoint_id, **dcp_kwargs)
     except BaseException as error:
@@ -252,6 +357,7 @@ def async_save(
 
     emit = _Emitter(training_job, step, checkpoint_id, spool)
     emit("save_start")
+    _alive(emit)
     try:
         result = dcp.async_save(state_dict, checkpoint_id=checkpoint_id, **dcp_kwargs)
     except BaseException as error:

@@ -54,6 +54,10 @@ class WatchedPath:
     # Read by this process: False for a tier outside its scopes (--scope, --shard), whose
     # generation-derived series other processes export.
     scanned: bool = True
+    # As of its last read: the directory does not exist (yet, or any more), and how many
+    # directories in it could not be read (permissions): 0 when all of it was.
+    missing: bool = False
+    unreadable: int = 0
 
 
 @dataclass(frozen=True)
@@ -113,6 +117,7 @@ class RestoreRecord:
     ok: bool
     duration: float
     reason: str = ""
+    drill: bool = False  # a restore drill, not a training job loading its checkpoint
 
 
 @dataclass(frozen=True)
@@ -127,6 +132,13 @@ class JobState:
     retained_generations_limit: int
     restore_drill_max_age_seconds: float
     mtbf_seconds: float | None = None  # the job's reliability objective (config ``mtbf``)
+    abandon_after_seconds: float = 86400.0  # no sign of life this long: presumed gone
+    paging: bool = True  # its failures page (critical); else they open tickets (warning)
+    # Liveness, wall clock: when this process began watching the job, the job's last sign of
+    # life (None: none seen), and whether it finished (said so, or the config says so).
+    first_seen: float = 0.0
+    alive_at: float | None = None
+    finished: bool = False
     generations: tuple[Generation, ...] = ()
     saves_committed: int = 0
     saves_aborted: int = 0
@@ -145,8 +157,10 @@ class JobState:
     local_saves_in_progress: int = 0
     last_write_end: float | None = None  # its last local write (this node's ranks)
     last_write_spread: float | None = None  # its spread of write ends across local ranks
-    restores: int = 0
+    restores: int = 0  # every restore, drills included
     restore_failures: int = 0
+    restore_drills: int = 0  # of those, the restore drills
+    restore_drill_failures: int = 0
     restore_last_success: float | None = None
     restore_last_duration: float | None = None
     window: WindowTelemetry | None = None  # what this node did during the newest save
@@ -216,6 +230,10 @@ class DaemonState:
     spool_backlog_bytes: int = 0
     spool_poll_seconds: float = 0.0  # time spent reading the spool, all polls together
     discover_excess: tuple[tuple[str, int], ...] = ()  # (root, subdirectories over max_jobs)
+    discover_missing: tuple[tuple[str, int], ...] = ()  # (root, 1 while it does not exist)
+    # The spool exists and any user's training job can make its directory there; None where
+    # this process reads no spool (shared scope).
+    spool_writable: bool | None = None
     # Readiness: every watched tier has had its first full pass (the port opens before that).
     ready: bool = False
     first_scans: tuple[tuple[str, str, bool, int], ...] = ()  # (job, tier, done, entries read)

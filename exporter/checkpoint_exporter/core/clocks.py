@@ -157,6 +157,7 @@ class RestoreRun:
     errors: list[str] = field(default_factory=list)
     live: bool = False
     first_seen: float = 0.0
+    drill: bool = False  # a restore drill, not a training job loading its checkpoint
 
     @property
     def finished(self) -> bool:
@@ -194,7 +195,7 @@ class Clocks:
     """Open saves and restores of one job, fed by spool events."""
 
     saves: dict[SaveKey, Timeline] = field(default_factory=dict)
-    restores: dict[tuple[SaveKey | None, str], RestoreRun] = field(default_factory=dict)
+    restores: dict[tuple[SaveKey | None, str, bool], RestoreRun] = field(default_factory=dict)
     # Events refused and saves or restores given up, by reason; the daemon may hand every job
     # the spool reader's ``dropped_total`` so that one counter holds them all.
     dropped: Counter[str] = field(default_factory=Counter)
@@ -228,8 +229,9 @@ class Clocks:
             _note(timeline.errors, event.error)
 
     def _restore(self, event: Event, now: float) -> None:
-        # One restore per key and host: a restart reloads once per rank.
-        key = (save_key(event.step, event.path), event.host)
+        # One restore per key and host: a restart reloads once per rank. A drill of the same
+        # generation on the same host is a restore of its own.
+        key = (save_key(event.step, event.path), event.host, event.drill)
         run = self.restores.get(key)
         if run is not None and run.finished and event.event == "restore_start":
             run = None  # a new restore of the same generation
@@ -239,7 +241,7 @@ class Clocks:
         if run is None:
             self.restores.pop(key, None)
             self._evict(self.restores, MAX_OPEN_RESTORES, "open_restores_cap")
-            run = self.restores[key] = RestoreRun(key[0], first_seen=now)
+            run = self.restores[key] = RestoreRun(key[0], first_seen=now, drill=event.drill)
         if rank is None:
             rank = run.ranks[event.rank] = {}
         rank.setdefault(event.event, event.ts)

@@ -30,6 +30,7 @@ from checkpoint_exporter.core.clocks import (
 )
 from checkpoint_exporter.core.diagnosis import PastSave, SaveFacts, diagnose, overlaps, stall
 from checkpoint_exporter.core.drain import DrainState, drain_state
+from checkpoint_exporter.instrument import LIFE_EVENTS, SAVE_EVENTS
 from checkpoint_exporter.model import (
     ABORTED,
     COMMITTED,
@@ -70,6 +71,9 @@ RESTORE_EXPIRY = 6 * 3600.0
 TICK_MARGIN = 0.01
 _VERSIONS = itertools.count(1)  # every JobTracker's versions, process-wide (see _touch)
 COUNTED_KEYS = 256  # saves (and restored generations) whose counted symptoms are remembered
+# A heartbeat this long after a `finished` event is a new run of the job, not the other ranks of
+# the one that finished winding down (each rank heartbeats until its process exits).
+FINISHED_GRACE = 120.0
 # A save whose ranks started here and never all reported is taken as holding the storage path
 # (for the neighbours' contention diagnosis, and as in flight for the backlog one) for this many
 # of its deadlines, or as long as its ranks still report: not the hour it is followed.
@@ -246,6 +250,17 @@ class JobTracker:
     # its ranks' events later) keeps one record, and a restore marks the save it was of.
     _records: OrderedDict[SaveKey, SaveRecord] = field(default_factory=OrderedDict)
     saves_timed: bool = False  # save events of the job were read from this node's spool
+    # Liveness (wall clock): when this exporter started watching the job, the last sign of life
+    # (a heartbeat or any spool event of the job's own, a write in its tree), and when the job
+    # said it finished (cleared when it runs again).
+    first_seen: float = field(default_factory=time.time)
+    alive_at: float | None = None
+    finished_at: float | None = None
+    restore_drills: int = 0
+    restore_drill_failures: int = 0
+    # Saves the ranks reported failed (save_failed), by key: their generation on disk, if any,
+    # is aborted at once and counted once.
+    _failed_saves: OrderedDict[SaveKey, str] = field(default_factory=OrderedDict)
 
     def __post_init__(self) -> None:
         self.layout = self.layout or self.policy.layout
@@ -306,7 +321,12 @@ class JobTracker:
                     and item.last_write_time < hidden_since
                 )
                 gen, changed = self._new(tier, item, now, history), True
+                self._sign_of_life(item.last_write_time, now)
+                if not history:
+                    self._runs_again(item.start_time, now)
             elif item is not gen.found:  # the scanner passes the same Found while nothing moved
+                if item.last_write_time > gen.found.last_write_time:
+                    self._sign_of_life(item.last_write_time, now)
                 self._update(gen, item, now)
                 changed = True
             if item.invalid and gen.state == COMMITTED and gen.validated != gen.signature:
@@ -349,8 +369,8 @@ class JobTracker:
                 gen.history = False
         elif first:
             # History: final states set gauges only; a save whose own files stopped changing
-            # longer than the deadline ago was abandoned before we started.
-            if item.state == WRITING and now - item.last_write_time > self.policy.deadline:
+            # longer than abort_after ago was abandoned before we started.
+            if item.state == WRITING and now - item.last_write_time > self.policy.abort_seconds:
                 gen.state = ABORTED
         elif item.state == COMMITTED:
             self._commit(gen)
@@ -457,7 +477,7 @@ class JobTracker:
                     continue  # cannot be seen now: no progress is not evidence of an abort
                 if gen.state == WRITING and self._stalled(gen, now):
                     reason = gen.invalid_reason or (
-                        f"no progress for {self.policy.deadline:g} s since its last write"
+                        f"no progress for {self.policy.abort_seconds:g} s since its last write"
                     )
                     self._abort(gen, reason)
                     self._touch()
@@ -518,6 +538,7 @@ class JobTracker:
 
     def _commit(self, gen: _Gen) -> None:
         gen.state = COMMITTED
+        self._superseded(gen)
         if not self._counts(gen):
             return
         self.saves_committed += 1
@@ -832,15 +853,54 @@ class JobTracker:
         describes."""
         return next((r for r in reversed(self.recent_saves) if r.outcome != "aborted"), None)
 
+    # --- liveness ----------------------------------------------------------------------------
+
+    @property
+    def finished(self) -> bool:
+        """The job ended: it said so (and has not run since), or the config says so."""
+        return self.policy.finished or self.finished_at is not None
+
+    def _sign_of_life(self, at: float, now: float) -> None:
+        """The job did something at ``at`` (a tenant's clock: never later than now)."""
+        at = min(at, now)
+        if self.alive_at is None or at > self.alive_at:
+            self.alive_at = at
+            self._touch()
+
+    def _runs_again(self, at: float, now: float) -> None:
+        """A new save (or a restart) began at ``at``: a job that had finished runs again."""
+        if self.finished_at is not None and min(at, now) > self.finished_at:
+            log.info("job=%s runs again after it finished", self.name)
+            self.finished_at = None
+            self._touch()
+
+    def _live_events(self, events: list[Event], now: float) -> None:
+        """Heartbeats, ``finished`` and every event of the job's own (not a drill's) are signs
+        of life; ``finished`` holds until the job saves, restores or heartbeats again after it
+        (other ranks heartbeat for a moment while their processes exit: FINISHED_GRACE)."""
+        for event in sorted((e for e in events if not e.drill), key=lambda e: e.ts):
+            at = min(event.ts, now)
+            self._sign_of_life(at, now)
+            if event.event == "finished":
+                if self.finished_at is None or at > self.finished_at:
+                    self.finished_at = at
+                    self._touch()
+            elif event.event == "heartbeat":
+                if self.finished_at is not None:
+                    self._runs_again(at - FINISHED_GRACE, now)
+            elif event.event in ("save_start", "restore_start"):
+                self._runs_again(at, now)
+
     # --- spool events ------------------------------------------------------------------------
 
     def apply_events(self, events: Iterable[Event], now: float) -> None:
         events = list(events)
-        if not self.saves_timed and any(not e.event.startswith("restore") for e in events):
+        self._live_events(events, now)
+        if not self.saves_timed and any(e.event in SAVE_EVENTS for e in events):
             # Its ranks save on this node: from now on every symptom counter is exported, at 0
             # before this node's first diagnosis of it (increase() misses a series born at 1).
             self.saves_timed = True
-        self.clocks.add(events, now)
+        self.clocks.add([e for e in events if e.event not in LIFE_EVENTS], now)
         self._settle(now)
         self._touch()
 
@@ -868,7 +928,9 @@ class JobTracker:
                     continue  # the ranks committed to staging; the deadline is durable
                 del self.clocks.saves[key]
                 settled = True
-                if timeline.committed:
+                if not timeline.committed:
+                    self._save_failed(key, timeline)
+                else:
                     # Counted already when the disk showed the commit before any of its events
                     # (the spool behind): the ranks' account then sets the gauges only, and
                     # counts the symptoms only they reveal (``_mark`` counts each once a save).
@@ -894,6 +956,8 @@ class JobTracker:
                 if run.live:
                     self.restores += 1
                     self.restore_failures += 1
+                    self.restore_drills += run.drill
+                    self.restore_drill_failures += run.drill
         return settled
 
     def _restored(self, run: RestoreRun) -> None:
@@ -903,12 +967,17 @@ class JobTracker:
             default=0.0,
         )
         reason = run.errors[-1] if run.errors else ""
-        self.recent_restores.append(RestoreRecord(ended, run.succeeded, run.duration(), reason))
+        self.recent_restores.append(
+            RestoreRecord(ended, run.succeeded, run.duration(), reason, run.drill)
+        )
         if run.succeeded:
             self.restore_last_success = max(self.restore_last_success or 0.0, run.done_at())
         if run.live:
             self.restores += 1
             self.restore_failures += 0 if run.succeeded else 1
+            if run.drill:
+                self.restore_drills += 1
+                self.restore_drill_failures += 0 if run.succeeded else 1
         if run.succeeded:
             self._restorable(run)
         else:
@@ -958,15 +1027,18 @@ class JobTracker:
         return limit is not None and now - gen.progress_at > limit
 
     def _stall_limit(self, gen: _Gen) -> float | None:
-        """Seconds without progress after which a save in progress is aborted; None: not now."""
+        """Seconds without progress after which a save in progress is aborted; None: not now.
+
+        abort_after, not the deadline: a save slower than its deadline is late (counted when it
+        commits), and a slow commit writes nothing for a while before its marker appears."""
         if gen.found.settles:
             # Judged by its checks once still; a verdict under way is waited for (so is one
             # whose checks could not run: not judged is not aborted), and one that found it
-            # incomplete stands only once the deadline passed without progress.
+            # incomplete stands only once abort_after passed without progress.
             if gen.pending == gen.signature or gen.retry_at:
                 return None
-            return max(self.policy.deadline, self.policy.settle)
-        return self.policy.deadline
+            return max(self.policy.abort_seconds, self.policy.settle)
+        return self.policy.abort_seconds
 
     def _abort(self, gen: _Gen, reason: str | None = None) -> None:
         gen.state, gen.last_commit = ABORTED, None
@@ -978,11 +1050,59 @@ class JobTracker:
             self.name, gen.tier, found.id, found.step, reason or "aborted by the writer",
         )  # fmt: skip
         if self._counts(gen):
-            self.saves_aborted += 1
-            found = gen.found
-            self.recent_saves.append(
-                SaveRecord(found.step, gen.start_time, found.last_write_time, (), "aborted")
-            )
+            key = self._save_key(gen)
+            if key is not None and self._failed_saves.get(key):
+                return  # its ranks' save_failed counted it already
+            self._count_abort(key, gen.start_time, found.last_write_time, found.step)
+
+    def _count_abort(self, key: SaveKey | None, start: float, end: float, step: int | None) -> None:
+        self.saves_aborted += 1
+        self.recent_saves.append(SaveRecord(step, start, end, (), "aborted"))
+        if key is not None:
+            self._failed_saves[key] = True
+            while len(self._failed_saves) > COUNTED_KEYS:
+                self._failed_saves.popitem(last=False)
+
+    def _save_failed(self, key: SaveKey, timeline: Timeline) -> None:
+        """Every rank that started the save here ended it, and none committed: its ranks said
+        it failed. Its generation on disk (if any) is aborted now, not after abort_after; a
+        save that failed before writing anything is counted from its events alone."""
+        reason = f"its ranks reported save_failed: {timeline.errors[-1] if timeline.errors else ''}"
+        aborted = False
+        for gen in list(self._gens.values()):
+            if gen.state == WRITING and self._save_key(gen) == key:
+                self._abort(gen, reason.rstrip(": "))
+                aborted = aborted or self._counts(gen)
+        self._writing = any(gen.state == WRITING for gen in self._gens.values())
+        if aborted or not timeline.live or not self._counts_saves():
+            return
+        window = timeline.window()
+        starts = [e["save_start"] for e in timeline.ranks.values() if "save_start" in e]
+        ends = [ts for e in timeline.ranks.values() for ts in e.values()]
+        start = window[0] if window else (min(starts) if starts else max(ends))
+        step = key[1] if key[0] == "step" and isinstance(key[1], int) else None
+        log.warning(
+            "save aborted: job=%s step=%s reason=%s", self.name, step, reason.rstrip(": ")
+        )  # fmt: skip
+        self._count_abort(key, start, max(ends), step)
+
+    def _counts_saves(self) -> bool:
+        """The save counters are kept here: this process reads the job's durable tier."""
+        return any(p.tier == DURABLE and p.scanned for p in self.paths)
+
+    def _superseded(self, newer: _Gen) -> None:
+        """A newer save committed on the tier while an older one made no progress since before
+        it started: the job moved on, the older save will never finish (a rank died mid-save
+        and the job restarted): aborted now rather than after abort_after."""
+        for gen in list(self._gens.values()):
+            if gen is newer or gen.tier != newer.tier or gen.state != WRITING or gen.history:
+                continue
+            older, new = gen.found.step, newer.found.step
+            if older is not None and new is not None and older >= new:
+                continue
+            if gen.found.last_write_time < newer.start_time:
+                self._abort(gen, f"a newer save ({newer.found.id}) committed while it stood still")
+        self._writing = any(gen.state == WRITING for gen in self._gens.values())
 
     # --- validation ------------------------------------------------------------------------
 
@@ -1098,6 +1218,11 @@ class JobTracker:
             retained_generations_limit=self.policy.retained_generations,
             restore_drill_max_age_seconds=self.policy.restore_drill_max_age,
             mtbf_seconds=self.policy.mtbf,
+            abandon_after_seconds=self.policy.abandon_after,
+            paging=self.policy.page,
+            first_seen=self.first_seen,
+            alive_at=self.alive_at,
+            finished=self.finished,
             generations=tuple(
                 view
                 for gen in self._gens.values()
@@ -1126,6 +1251,8 @@ class JobTracker:
             last_write_spread=self.last_write_spread,
             restores=self.restores,
             restore_failures=self.restore_failures,
+            restore_drills=self.restore_drills,
+            restore_drill_failures=self.restore_drill_failures,
             restore_last_success=self.restore_last_success,
             restore_last_duration=self.restore_last_duration,
             window=self.window_telemetry,

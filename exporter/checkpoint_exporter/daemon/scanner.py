@@ -92,6 +92,7 @@ HOT_RESCAN_SECONDS = 1.0  # a job with a save in progress is read this often
 # batch per tick rather than one thread wake-up each (at most this much later).
 POLL_GRID = 0.25
 SPOOL_POLL_SECONDS = 0.2  # the spool's cadence (it was read on every 0.2 s pass before)
+SPOOL_CHECK_SECONDS = 10.0  # whether training jobs can write the spool, checked this often
 # A filesystem task (a read, a stat) that completes no metadata operation for this long marks
 # its mount stuck. A healthy NFS, Lustre or GPFS operation takes milliseconds and its bad tail a
 # few seconds (a lock recall, a server failover is 10-20 s); a soft NFS mount itself gives up only
@@ -149,6 +150,8 @@ class _Tier:
     confirmed: float = 0.0  # wall time the view was last known current
     failures: int = 0  # reads in a row that raised
     retry_at: float = 0.0  # after a failed read, not again before this (monotonic)
+    missing: bool = False  # its last read found no directory there
+    unreadable: int = 0  # directories its last read could not read
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -175,6 +178,7 @@ class _Discovery:
     listed: bool = False  # listed once: its jobs count towards readiness
     excess: int = 0
     reported: set[str] = field(default_factory=set)
+    missing: bool = False  # the root does not exist (yet)
 
 
 # --- values the workers hand back -------------------------------------------------------------
@@ -201,12 +205,23 @@ class _Read:
     reconcile: int  # the full-read request it satisfies (0: not a full read)
     final: bool  # the one more read of what just committed
     error: Exception | None = None
+    missing: bool = False  # no directory at the tier's path
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    """A subdirectory of a discover root."""
+
+    name: str
+    mtime: float  # the directory's own: it moves when a generation is added or removed
+    empty: bool  # nothing in it: no job yet (a mkdir costs nothing; it takes no max_jobs slot)
 
 
 @dataclass(frozen=True)
 class _Listed:
     discovery: _Discovery
-    names: list[str] | None  # None: could not be listed
+    found: list[_Candidate] | None  # None: could not be listed
+    missing: bool = False  # the root does not exist
 
 
 @dataclass(frozen=True)
@@ -422,6 +437,8 @@ class Scanner:
         self._reserves: dict[str, float] | None = None
         self._node: tuple[tuple, tuple] = ((), ())  # filesystems, telemetry sources with data
         self._reload: tuple[bool, float] = (True, time.time())  # successful, success time
+        self._spool_writable: bool | None = None  # checked where the spool is read
+        self._spool_checked = -math.inf
         for job in config.jobs:
             if self.serving.tracks(job.name):
                 self._add(job.name, job_paths(job), job.policy, None, job)
@@ -664,7 +681,7 @@ class Scanner:
         source = _Source(name, policy, tiers, fixed, discovered_from, config=job_config)
         self._sources[name] = source
         if name not in self.tracker.jobs:
-            self.tracker.add(JobTracker(name, paths, policy))
+            self.tracker.add(JobTracker(name, paths, policy, first_seen=self.clock()))
         # One counter for what the reader refused and what the job's clocks gave up.
         self.tracker.jobs[name].clocks.dropped = self.spool.dropped_total
         self._publish_paths(source)
@@ -774,10 +791,13 @@ class Scanner:
     def _publish_paths(self, source: _Source) -> None:
         self.tracker.jobs[source.name].set_paths(
             tuple(
-                WatchedPath(t.tier, t.path, t.mode, t.mountpoint, scanned=self._read_here(t))
+                WatchedPath(
+                    t.tier, t.path, t.mode, t.mountpoint, scanned=self._read_here(t),
+                    missing=t.missing, unreadable=t.unreadable,
+                )
                 for t in source.tiers
             )
-        )
+        )  # fmt: skip
         self._changed_jobs.add(source.name)
 
     def _outside(self, tier: _Tier) -> bool:
@@ -803,14 +823,17 @@ class Scanner:
         if discovery.entry.policy.scope == SHARED and SHARED not in self.serving.scopes:
             # A node-scope process never touches a shared root, not even to list it: the jobs
             # whose ranks run here are the ones writing into this node's spool.
-            self._listed(_Listed(discovery, sorted(self.spool.job_directories)))
+            wall = self.clock()
+            names = sorted(self.spool.job_directories)
+            self._listed(_Listed(discovery, [_Candidate(n, wall, False) for n in names]))
             return
         root = str(discovery.entry.root)
         worker = self._worker(self._lexical_mount(root))
         if worker.stuck:
             return
         discovery.listing = True
-        worker.submit(lambda: _Listed(discovery, _list_jobs(root)))
+        known = frozenset(n for n, src in self._sources.items() if src.discovered_from == root)
+        worker.submit(lambda: _list_jobs(discovery, root, known))
         self._timers.soon(("stuck", worker.mountpoint), now + STUCK_SECONDS)
 
     def _lists(self, entry: DiscoverConfig) -> bool:
@@ -826,16 +849,24 @@ class Scanner:
         if not discovery.listed:
             discovery.listed = True
             self._health = None
-        if listed.names is None or discovery not in self._discoveries:
+        if discovery not in self._discoveries:
             return
         entry = discovery.entry
+        root = str(entry.root)
+        if listed.missing != discovery.missing:
+            discovery.missing, self._republish = listed.missing, True
+            log.warning("discover root %s %s", root, "does not exist: watched from when it appears"
+                        if listed.missing else "exists now")  # fmt: skip
+        if listed.found is None:
+            return
         configured = {job.name for job in self.config.jobs}
         present = {
-            n
-            for n in listed.names
-            if _JOB_NAME.fullmatch(n) and n not in configured and self.serving.tracks(n)
+            c.name: c
+            for c in listed.found
+            if _JOB_NAME.fullmatch(c.name)
+            and c.name not in configured
+            and self.serving.tracks(c.name)
         }
-        root = str(entry.root)
         wall = self.clock()
         tracked = [n for n, src in self._sources.items() if src.discovered_from == root]
         for name in tracked:
@@ -849,23 +880,62 @@ class Scanner:
                 log.info("forgetting job=%s: gone from %s", name, root)
                 self._remove(name)
         tracked = [n for n in tracked if n in self._sources]
+        # Not watched yet (a name found under another root stays there), newest first; an
+        # empty directory is no job yet and takes no slot, so a tenant's mkdirs cannot fill them.
         candidates = sorted(
-            present - set(self._sources)
-        )  # a name found under another root stays there
+            (c for n, c in present.items() if n not in self._sources and not c.empty),
+            key=lambda c: (-c.mtime, c.name),
+        )
         slots = max(0, entry.max_jobs - len(tracked))
-        for name in candidates[:slots]:
-            self._add(name, (WatchedPath(DURABLE, os.path.join(root, name)),), entry.policy, root)
+        slots += self._make_room(entry, tracked, candidates[slots:])
+        for candidate in candidates[:slots]:
+            path = os.path.join(root, candidate.name)
+            self._add(candidate.name, (WatchedPath(DURABLE, path),), entry.policy, root)
         excess = len(candidates) - min(slots, len(candidates))
         if excess != discovery.excess:
             discovery.excess = excess
             self._republish = True
-        for name in candidates[slots:]:
-            if name not in discovery.reported:
-                discovery.reported.add(name)
+        for candidate in candidates[slots:]:
+            if candidate.name not in discovery.reported:
+                discovery.reported.add(candidate.name)
                 log.warning(
                     "discover root %s: job %s is over max_jobs=%d and is not watched",
-                    root, name, entry.max_jobs,
+                    root, candidate.name, entry.max_jobs,
                 )  # fmt: skip
+
+    def _make_room(
+        self, entry: DiscoverConfig, tracked: list[str], waiting: list[_Candidate]
+    ) -> int:
+        """Over max_jobs, the oldest idle jobs (finished, or silent since before their next save
+        was due, no save in progress) give their slots to newer jobs, the newest first: a root
+        full of finished runs still watches the run started today. Returns the slots freed."""
+        idle = sorted(
+            (self._last_activity(name), name) for name in tracked if self._idle(name, entry)
+        )
+        freed = 0
+        for candidate in waiting:
+            if not idle or idle[0][0] >= candidate.mtime:
+                break
+            since, name = idle.pop(0)
+            log.warning(
+                "discover root %s: over max_jobs=%d, job %s (idle since %s) makes room for %s",
+                entry.root, entry.max_jobs, name, time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                time.gmtime(since)), candidate.name,
+            )  # fmt: skip
+            self._remove(name)
+            freed += 1
+        return freed
+
+    def _last_activity(self, name: str) -> float:
+        job = self.tracker.jobs[name]
+        return job.alive_at if job.alive_at is not None else job.first_seen
+
+    def _idle(self, name: str, entry: DiscoverConfig) -> bool:
+        job = self.tracker.jobs[name]
+        if job.has_saves_in_progress():
+            return False
+        silent = self.clock() - self._last_activity(name)
+        return job.finished or silent > entry.policy.interval + entry.policy.deadline
 
     # --- reading -----------------------------------------------------------------------------
 
@@ -951,6 +1021,13 @@ class Scanner:
         tier.failures = 0
         tier.reconcile_done = max(tier.reconcile_done, result.reconcile)
         tier.last_read, tier.confirmed = now, wall
+        if (tier.missing, tier.unreadable) != (result.missing, len(result.unreadable)):
+            if result.missing != tier.missing:
+                log.warning("job=%s tier=%s: %s %s", name, tier.tier, tier.path,
+                            "does not exist: watched from when it appears" if result.missing
+                            else "exists now")  # fmt: skip
+            tier.missing, tier.unreadable = result.missing, len(result.unreadable)
+            self._publish_paths(source)
         self._scan_errors += result.errors
         self._scans.observe(result.seconds)
         observed = job.observe(tier.tier, result.found, wall, result.unreadable, result.layout)
@@ -1108,7 +1185,30 @@ class Scanner:
             held = self.telemetry.correlate(start, stall[1], disks).network_transmit_bytes
         job.set_window_telemetry(self.telemetry.correlate(start, end, disks), held)
 
+    def _check_spool(self) -> None:
+        """Whether training jobs can write the spool: it exists, and any user (or its group) may
+        make a directory in it. The kubelet makes a missing hostPath root 0755, and then every
+        non-root job's events are lost after one warning in its own log."""
+        try:
+            mode = os.stat(self.config.spool).st_mode
+        except OSError as error:
+            writable, why = False, error.strerror or str(error)
+        else:
+            others = mode & (stat.S_IWOTH | stat.S_IXOTH) == stat.S_IWOTH | stat.S_IXOTH
+            group = mode & (stat.S_IWGRP | stat.S_IXGRP) == stat.S_IWGRP | stat.S_IXGRP
+            writable = stat.S_ISDIR(mode) and (others or group)
+            why = f"mode {stat.filemode(mode)}; make it 1733 (chmod 1733)"
+        if writable != self._spool_writable:
+            self._spool_writable, self._republish = writable, True
+            if not writable:
+                log.warning("spool %s cannot be written by training jobs (%s): their save "
+                            "clocks are lost", self.config.spool, why)  # fmt: skip
+
     def _read_spool(self) -> None:
+        now = time.monotonic()
+        if now >= self._spool_checked + SPOOL_CHECK_SECONDS:
+            self._spool_checked = now
+            self._check_spool()
         before = self.spool.poll_seconds_total
         by_job: dict[str, list[Event]] = {}
         for event in self.spool.poll(self.clock()):
@@ -1275,6 +1375,8 @@ class Scanner:
             spool_backlog_bytes=self.spool.backlog_bytes,
             spool_poll_seconds=self.spool.poll_seconds_total,
             discover_excess=tuple((str(d.entry.root), d.excess) for d in self._discoveries),
+            discover_missing=tuple((str(d.entry.root), int(d.missing)) for d in self._discoveries),
+            spool_writable=self._spool_writable,
             ready=bool(ready),
             shard_info=None
             if self.serving.default
@@ -1334,7 +1436,8 @@ def _read_tier(
                      bool(final), error)  # fmt: skip
     unreadable = frozenset(path for path, _ in stats.errors)
     return _Read(tier, found, unreadable, len(stats.errors), layout,
-                 time.perf_counter() - started, reconcile, bool(final))  # fmt: skip
+                 time.perf_counter() - started, reconcile, bool(final),
+                 missing=tree is None and not stats.errors)  # fmt: skip
 
 
 def _found(
@@ -1358,13 +1461,40 @@ def _configured_scope(tier: str, policy: Policy) -> str:
     return policy.scope if tier == DURABLE and policy.scope != "auto" else ""
 
 
-def _list_jobs(root: str) -> list[str] | None:
+def _list_jobs(discovery: _Discovery, root: str, known: frozenset[str]) -> _Listed:
+    """The subdirectories of a discover root (never following a symlink), each with its mtime;
+    the ones not watched yet are looked into, to tell an empty directory from a job."""
     try:
-        with os.scandir(root) as listing:
-            return sorted(e.name for e in listing if e.is_dir(follow_symlinks=False))
+        fd = fsread.open_directory(root, follow_symlink=True)  # the operator's root
+    except FileNotFoundError:
+        return _Listed(discovery, None, missing=True)
     except OSError as error:
         log.warning("cannot list discover root %s: %s", root, error.strerror)
-        return None
+        return _Listed(discovery, None)
+    found = []
+    try:
+        with os.scandir(fd) as listing:
+            entries = [e for e in listing if e.is_dir(follow_symlinks=False)]
+        for entry in entries:
+            with contextlib.suppress(OSError):  # gone or swapped since listed: next time
+                mtime = entry.stat(follow_symlinks=False).st_mtime
+                empty = entry.name not in known and _empty(fd, entry.name)
+                found.append(_Candidate(entry.name, mtime, empty))
+    except OSError as error:
+        log.warning("cannot list discover root %s: %s", root, error.strerror)
+        return _Listed(discovery, None)
+    finally:
+        os.close(fd)
+    return _Listed(discovery, found)
+
+
+def _empty(root_fd: int, name: str) -> bool:
+    child = fsread.open_directory(name, dir_fd=root_fd)  # O_NOFOLLOW: a symlink raises
+    try:
+        with os.scandir(child) as listing:
+            return next(iter(listing), None) is None
+    finally:
+        os.close(child)
 
 
 def _probe_path(mountpoint: str, path: str, clock: Callable[[], float]) -> _Probed:

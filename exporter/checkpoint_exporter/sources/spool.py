@@ -68,6 +68,9 @@ UNKNOWN_RELIST = 60.0  # seconds between two listings of one unknown job's direc
 UNKNOWN_PER_POLL = 64  # unknown directories listed per poll at most
 FUTURE_SLACK = 300.0  # an event dated further ahead of this node's clock is refused
 MAX_EVENT_AGE = 366 * 86400.0  # an event dated further back is refused
+# Steps, ranks and sizes become float samples: past 2**53 a float no longer holds every integer
+# (and 10**400 overflows it), so a larger one is a schema error, never a number exported.
+MAX_INT = 2**53
 
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _ROOT_FLAGS = os.O_RDONLY | os.O_DIRECTORY | _CLOEXEC  # the configured root may be a symlink
@@ -90,6 +93,7 @@ class Event:
     bytes: int | None
     error: str | None
     history: bool = False  # already in the spool when the exporter started
+    drill: bool = False  # a restore drill's event, not the training job's own
 
 
 FileKey = tuple[int, int]  # (st_dev, st_ino)
@@ -590,15 +594,17 @@ def _validate(record: object, job: str, history: bool = False) -> Event | str:
     ts, rank, world = record.get("ts"), record.get("rank", 0), record.get("world_size", 1)
     step, path = record.get("step"), record.get("path")
     size, error = record.get("bytes"), record.get("error")
+    drill = record.get("drill", False)
     timestamp = finite_number(ts)
     checks = (
         timestamp is not None,
         record.get("training_job") == job,  # a job writes only into its own directory
-        _is_int(rank) and rank >= 0 and _is_int(world) and world >= 1,
-        step is None or (_is_int(step) and step >= 0),
+        _is_int(rank) and 0 <= rank <= MAX_INT and _is_int(world) and 1 <= world <= MAX_INT,
+        step is None or (_is_int(step) and 0 <= step <= MAX_INT),
         path is None or isinstance(path, str),
-        size is None or (_is_int(size) and size >= 0),
+        size is None or (_is_int(size) and 0 <= size <= MAX_INT),
         error is None or isinstance(error, str),
+        isinstance(drill, bool),
     )
     if not all(checks):
         return "schema"
@@ -615,6 +621,7 @@ def _validate(record: object, job: str, history: bool = False) -> Event | str:
         bytes=size,
         error=error[:1000] if error else None,
         history=history,
+        drill=drill,
     )
 
 

@@ -78,6 +78,19 @@ DISCOVER_EXCESS = MetricSpec(
     "Subdirectories of a discover root over its max_jobs, not watched.",
     ("root",),
 )
+DISCOVER_ROOT_MISSING = MetricSpec(
+    "checkpoint_exporter_discover_root_missing",
+    "gauge",
+    "1 while a discover root does not exist (not yet, or no longer): listed from when it appears.",
+    ("root",),
+)
+SPOOL_WRITABLE = MetricSpec(
+    "checkpoint_exporter_spool_writable",
+    "gauge",
+    "1 when the event spool exists and training jobs of any user can make their directory in "
+    "it (mode 1733, or 1773 for a shared group); 0 and the clocks of instrumented jobs are "
+    "lost (only where this process reads the spool: --scope=node).",
+)
 READY = MetricSpec(
     "checkpoint_exporter_ready",
     "gauge",
@@ -135,8 +148,9 @@ class DaemonCollector(SnapshotCollector):
     specs = (
         SCAN_OPERATIONS, SCAN_ERRORS, WATCH_OVERFLOWS, SCAN_DURATION, SPOOL_EVENTS, SPOOL_INVALID,
         SPOOL_DROPPED, SPOOL_DROPPED_BYTES, SPOOL_BACKLOG, SPOOL_POLL_SECONDS, DISCOVER_EXCESS,
-        READY, FIRST_SCAN_DONE, FIRST_SCAN_ENTRIES, LAST_SCAN_SUCCESS, MOUNT_STUCK,
-        CONFIG_RELOAD_SUCCESSFUL, CONFIG_RELOAD_SUCCESS_TIME, SHARD_INFO,
+        DISCOVER_ROOT_MISSING, SPOOL_WRITABLE, READY, FIRST_SCAN_DONE, FIRST_SCAN_ENTRIES,
+        LAST_SCAN_SUCCESS, MOUNT_STUCK, CONFIG_RELOAD_SUCCESSFUL, CONFIG_RELOAD_SUCCESS_TIME,
+        SHARD_INFO,
     )  # fmt: skip
 
     def collect(self, snapshot: Snapshot) -> Iterable[Metric]:
@@ -158,8 +172,11 @@ class DaemonCollector(SnapshotCollector):
             SPOOL_BACKLOG.single(daemon.spool_backlog_bytes),
             SPOOL_POLL_SECONDS.single(daemon.spool_poll_seconds),
             by_label(DISCOVER_EXCESS, daemon.discover_excess),
+            by_label(DISCOVER_ROOT_MISSING, daemon.discover_missing),
             READY.single(1 if daemon.ready else 0),
         ]
+        if daemon.spool_writable is not None:
+            out.append(SPOOL_WRITABLE.single(1 if daemon.spool_writable else 0))
         done, entries = FIRST_SCAN_DONE.family(), FIRST_SCAN_ENTRIES.family()
         for job, tier, finished, read in daemon.first_scans:
             if not finished:  # progress while it is made; afterwards only cost on every scrape

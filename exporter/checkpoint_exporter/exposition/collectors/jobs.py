@@ -59,34 +59,97 @@ MTBF_SECONDS = MetricSpec(
     "newest checkpoint (config `mtbf`); only for jobs that set it.",
     _JOB,
 )
+ABANDON_AFTER_SECONDS = MetricSpec(
+    "checkpoint_job_abandon_after_seconds",
+    "gauge",
+    "How long the job may show no sign of life before it is presumed gone and stops paging "
+    "(config `abandon_after`).",
+    _JOB,
+)
+PAGING = MetricSpec(
+    "checkpoint_job_paging",
+    "gauge",
+    "1 when the job's checkpoint failures page (critical), 0 when they open tickets: a "
+    "discovered job whose interval and deadline nobody stated (config `page`).",
+    _JOB,
+)
+# Liveness: every process that knows the job exports what it saw of it.
+FIRST_SEEN = MetricSpec(
+    "checkpoint_job_first_seen_timestamp_seconds",
+    "gauge",
+    "When this exporter started watching the job.",
+    _JOB,
+)
+ALIVE = MetricSpec(
+    "checkpoint_job_alive_timestamp_seconds",
+    "gauge",
+    "The job's last sign of life seen here: a heartbeat or any spool event of its own, or a "
+    "write in its checkpoint tree. Absent until one is seen.",
+    _JOB,
+)
+FINISHED = MetricSpec(
+    "checkpoint_job_finished",
+    "gauge",
+    "1 once the job said it finished (instrument.finished) and has not run since, or the "
+    "config says `finished: true`; else 0. Nothing pages for a finished job.",
+    _JOB,
+)
+PATH_MISSING = MetricSpec(
+    "checkpoint_exporter_path_missing",
+    "gauge",
+    "1 while a watched directory does not exist (not yet, or no longer): watched from when it "
+    "appears.",
+    ("training_job", "tier"),
+)
+UNREADABLE_PATHS = MetricSpec(
+    "checkpoint_exporter_unreadable_paths",
+    "gauge",
+    "Directories of a watched tree that its last read could not read (permissions, I/O "
+    "errors); what was known below them is kept as it was.",
+    ("training_job", "tier"),
+)
 
 
 class JobsCollector(SnapshotCollector):
     name = "jobs"
     per_job = True
     specs = (
-        JOB_INFO, WATCH_INFO, DEADLINE_BUCKET_INFO, INTERVAL_SECONDS, DEADLINE_SECONDS,
-        RETAINED_GENERATIONS_LIMIT, RESTORE_DRILL_MAX_AGE_SECONDS, MTBF_SECONDS,
+        JOB_INFO, WATCH_INFO, PATH_MISSING, UNREADABLE_PATHS, FIRST_SEEN, ALIVE, FINISHED,
+        DEADLINE_BUCKET_INFO, INTERVAL_SECONDS, DEADLINE_SECONDS, RETAINED_GENERATIONS_LIMIT,
+        RESTORE_DRILL_MAX_AGE_SECONDS, ABANDON_AFTER_SECONDS, PAGING, MTBF_SECONDS,
     )  # fmt: skip
 
     def collect(self, snapshot: Snapshot) -> Iterable[Metric]:
-        info, watch, deadline_bucket, *objectives, mtbf = (spec.family() for spec in self.specs)
+        info, watch, missing, unreadable, first_seen, alive, finished, deadline_bucket, *rest = (
+            spec.family() for spec in self.specs
+        )
+        *objectives, mtbf = rest
         for job in snapshot.jobs:
+            name = [job.name]
             for watched in job.paths:
                 if not watched.scanned:
                     continue  # outside this process's scopes: another one watches it
                 info.add_metric([job.name, job.layout, watched.tier, watched.path], 1)
+                missing.add_metric([job.name, watched.tier], float(watched.missing))
+                unreadable.add_metric([job.name, watched.tier], watched.unreadable)
                 if watched.mode:
                     watch.add_metric([job.name, watched.tier, watched.mode], 1)
+            first_seen.add_metric(name, job.first_seen)
+            if job.alive_at is not None:
+                alive.add_metric(name, job.alive_at)
+            finished.add_metric(name, float(job.finished))
             if not reads_a_tree(job):
                 continue  # known from the spool alone: its trees' readers export the objectives
             deadline_bucket.add_metric([job.name, floatToGoString(job.deadline_seconds)], 1)
             values = (
                 job.interval_seconds, job.deadline_seconds, job.retained_generations_limit,
-                job.restore_drill_max_age_seconds,
+                job.restore_drill_max_age_seconds, job.abandon_after_seconds, float(job.paging),
             )  # fmt: skip
             for family, value in zip(objectives, values, strict=True):
-                family.add_metric([job.name], value)
+                family.add_metric(name, value)
             if job.mtbf_seconds is not None:  # optional: no Young / Daly interval without it
-                mtbf.add_metric([job.name], job.mtbf_seconds)
-        return [info, watch, deadline_bucket, *objectives, mtbf]
+                mtbf.add_metric(name, job.mtbf_seconds)
+        return [
+            info, watch, missing, unreadable, first_seen, alive, finished, deadline_bucket,
+            *objectives, mtbf,
+        ]  # fmt: skip

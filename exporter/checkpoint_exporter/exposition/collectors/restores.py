@@ -35,14 +35,35 @@ RESTORE_FAILURES = MetricSpec(
     _JOB,
 )
 
+# A failed drill opens a ticket; a training job that cannot load its checkpoint pages: the rules
+# tell them apart by subtracting these from the totals above.
+RESTORE_DRILLS = MetricSpec(
+    "checkpoint_restore_drills_total",
+    "counter",
+    "Of the restores, the restore drills (checkpoint-exporter restore-drill) finished while "
+    "the exporter ran.",
+    _JOB,
+)
+RESTORE_DRILL_FAILURES = MetricSpec(
+    "checkpoint_restore_drill_failures_total",
+    "counter",
+    "Of the failed restores, the restore drills.",
+    _JOB,
+)
+
 
 class RestoresCollector(SnapshotCollector):
     name = "restores"
     per_job = True
-    specs = (RESTORE_LAST_SUCCESS, RESTORE_LAST_DURATION, RESTORES, RESTORE_FAILURES)
+    specs = (
+        RESTORE_LAST_SUCCESS, RESTORE_LAST_DURATION, RESTORES, RESTORE_FAILURES, RESTORE_DRILLS,
+        RESTORE_DRILL_FAILURES,
+    )  # fmt: skip
 
     def collect(self, snapshot: Snapshot) -> Iterable[Metric]:
-        success, duration, total, failures = (spec.family() for spec in self.specs)
+        success, duration, total, failures, drills, drill_failures = (
+            spec.family() for spec in self.specs
+        )
         for job in snapshot.jobs:
             name = [job.name]
             if job.restore_last_success is not None:
@@ -51,4 +72,6 @@ class RestoresCollector(SnapshotCollector):
                 duration.add_metric(name, job.restore_last_duration)
             total.add_metric(name, job.restores)
             failures.add_metric(name, job.restore_failures)
-        return [success, duration, total, failures]
+            drills.add_metric(name, job.restore_drills)
+            drill_failures.add_metric(name, job.restore_drill_failures)
+        return [success, duration, total, failures, drills, drill_failures]

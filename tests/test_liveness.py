@@ -1,0 +1,182 @@
+"""A job's life as the core sees it (first seen, last sign of life, finished), and saves aborted
+only on evidence: their ranks said so, a newer save committed over them, or nothing moved for
+abort_after. Pure core: fake clocks, no I/O."""
+
+from __future__ import annotations
+
+from checkpoint_exporter.config import Policy
+from checkpoint_exporter.core.tracker import FINISHED_GRACE, JobTracker
+from checkpoint_exporter.model import ABORTED, COMMITTED, DURABLE, WRITING, WatchedPath
+from checkpoint_exporter.sources.layouts.base import DCP, Check, Found
+from checkpoint_exporter.sources.spool import Event
+
+T = 1_800_000_000.0
+
+
+def job(**policy: object) -> JobTracker:
+    return JobTracker("j", (WatchedPath(DURABLE, "/x"),), Policy(**policy), first_seen=T)
+
+
+def ev(event: str, ts: float, step: int | None = None, rank: int = 0, **kw: object) -> Event:
+    return Event(
+        ts, event, "j", step, rank, 1, "n1", kw.get("path"), None, kw.get("error"),  # type: ignore[arg-type]
+        bool(kw.get("history", False)), bool(kw.get("drill", False)),
+    )  # fmt: skip
+
+
+def dcp(gen_id: str, state: str, start: float, last: float, step: int | None = None) -> Found:
+    commit = last if state == COMMITTED else None
+    return Found(gen_id, step, state, start, last, commit, 10, 1, (Check(DCP, gen_id),))
+
+
+def states(tracker: JobTracker) -> dict[str, str]:
+    return {g.id: g.state for g in tracker.state().generations}
+
+
+# --- liveness ------------------------------------------------------------------------------
+
+
+def test_a_new_job_has_a_first_seen_time_and_no_sign_of_life_yet() -> None:
+    state = job().state()
+    assert (state.first_seen, state.alive_at, state.finished) == (T, None, False)
+
+
+def test_heartbeats_and_events_are_signs_of_life_never_later_than_now() -> None:
+    tracker = job()
+    tracker.apply_events([ev("heartbeat", T + 10)], T + 11)
+    assert tracker.state().alive_at == T + 10
+    tracker.apply_events([ev("save_start", T + 20, step=5)], T + 21)
+    assert tracker.state().alive_at == T + 20
+    # An event dated ahead of this node's clock (within the spool's slack) counts as now.
+    tracker.apply_events([ev("heartbeat", T + 200)], T + 30)
+    assert tracker.state().alive_at == T + 30
+    tracker.apply_events([ev("heartbeat", T + 25)], T + 40)  # older than what is known
+    assert tracker.state().alive_at == T + 30
+
+
+def test_a_write_in_the_tree_is_a_sign_of_life_history_included() -> None:
+    tracker = job()
+    tracker.observe(DURABLE, [dcp("step-1", COMMITTED, T - 900, T - 800, 1)], T)
+    assert tracker.state().alive_at == T - 800  # the job last wrote then
+    tracker.observe(
+        DURABLE,
+        [dcp("step-1", COMMITTED, T - 900, T - 800, 1), dcp("step-2", WRITING, T + 5, T + 6, 2)],
+        T + 7,
+    )
+    assert tracker.state().alive_at == T + 6
+    # A file dated a year ahead is a write now, not a sign of life for the year to come.
+    future = dcp("step-2", WRITING, T + 5, T + 365 * 86400, 2)
+    tracker.observe(DURABLE, [dcp("step-1", COMMITTED, T - 900, T - 800, 1), future], T + 8)
+    assert tracker.state().alive_at == T + 8
+
+
+def test_finished_holds_while_other_ranks_wind_down_and_ends_when_the_job_runs_again() -> None:
+    tracker = job()
+    tracker.apply_events([ev("heartbeat", T), ev("finished", T + 100)], T + 100)
+    assert tracker.state().finished
+    # rank 1 heartbeats once more while its process exits: still finished.
+    tracker.apply_events([ev("heartbeat", T + 100 + FINISHED_GRACE / 2, rank=1)], T + 160)
+    assert tracker.state().finished
+    # Resubmitted: its heartbeats go on well past the grace.
+    tracker.apply_events([ev("heartbeat", T + 100 + 2 * FINISHED_GRACE)], T + 400)
+    assert not tracker.state().finished
+
+
+def test_a_save_or_a_restart_after_finished_means_it_runs_again() -> None:
+    for event in ("save_start", "restore_start"):
+        tracker = job()
+        tracker.apply_events([ev("finished", T)], T)
+        tracker.apply_events([ev(event, T + 1, step=9)], T + 2)
+        assert not tracker.state().finished, event
+
+
+def test_a_new_save_on_disk_after_finished_means_it_runs_again() -> None:
+    tracker = job()
+    tracker.observe(DURABLE, [], T)
+    tracker.apply_events([ev("finished", T + 10)], T + 10)
+    tracker.observe(DURABLE, [dcp("step-2", WRITING, T + 50, T + 51, 2)], T + 52)
+    assert not tracker.state().finished
+
+
+def test_a_drill_is_no_sign_of_life_and_does_not_end_finished() -> None:
+    tracker = job()
+    tracker.apply_events([ev("finished", T)], T)
+    drill = [ev("restore_start", T + 500, step=1, drill=True)]
+    drill.append(ev("restore_done", T + 510, step=1, drill=True))
+    tracker.apply_events(drill, T + 520)
+    state = tracker.state()
+    assert state.finished and state.alive_at == T
+    assert (state.restores, state.restore_drills, state.restore_drill_failures) == (1, 1, 0)
+
+
+def test_the_config_can_say_a_job_finished() -> None:
+    tracker = job(finished=True)
+    tracker.apply_events([ev("heartbeat", T + 1000)], T + 1000)
+    assert tracker.state().finished
+
+
+def test_drills_and_training_restores_are_counted_apart() -> None:
+    tracker = job()
+    events = [
+        ev("restore_start", T, step=1, drill=True),
+        ev("restore_failed", T + 1, step=1, drill=True, error="OSError: EIO"),
+        ev("restore_start", T + 2, step=1),  # the training job, same step, same host
+        ev("restore_failed", T + 3, step=1, error="KeyError: 'model'"),
+    ]
+    tracker.apply_events(events, T + 10)
+    state = tracker.state()
+    assert (state.restores, state.restore_failures) == (2, 2)
+    assert (state.restore_drills, state.restore_drill_failures) == (1, 1)
+    assert [r.drill for r in state.recent_restores] == [True, False]
+
+
+# --- aborted only on evidence --------------------------------------------------------------
+
+
+def test_ranks_that_report_save_failed_abort_the_save_at_once_and_once() -> None:
+    tracker = job(deadline=60)
+    tracker.observe(DURABLE, [], T)
+    tracker.apply_events([ev("save_start", T + 1, step=7)], T + 1)
+    tracker.observe(DURABLE, [dcp("step-7", WRITING, T + 1, T + 2, 7)], T + 3)
+    tracker.apply_events([ev("save_failed", T + 4, step=7, error="OSError: ENOSPC")], T + 4)
+    tracker.tick(T + 5)  # its timeline settles
+    assert states(tracker) == {"step-7": ABORTED}
+    assert tracker.state().saves_aborted == 1
+    assert [r.outcome for r in tracker.state().recent_saves] == ["aborted"]
+    tracker.tick(T + 10_000)
+    assert tracker.state().saves_aborted == 1
+
+
+def test_a_save_that_failed_before_writing_anything_is_one_abort() -> None:
+    tracker = job(deadline=60)
+    tracker.observe(DURABLE, [], T)
+    tracker.apply_events([ev("save_start", T + 1, step=8), ev("save_failed", T + 2, step=8)], T + 2)
+    tracker.tick(T + 3)
+    assert tracker.state().saves_aborted == 1
+    # A partial directory turns up afterwards and never moves: not counted a second time.
+    tracker.observe(DURABLE, [dcp("step-8", WRITING, T + 1, T + 2, 8)], T + 4)
+    tracker.tick(T + 4 + 700)
+    assert states(tracker) == {"step-8": ABORTED} and tracker.state().saves_aborted == 1
+
+
+def test_a_newer_commit_aborts_a_save_that_stood_still_since_before_it_started() -> None:
+    tracker = job(deadline=60)
+    tracker.observe(DURABLE, [], T)
+    dead = dcp("step-1", WRITING, T, T + 5, 1)  # a rank was killed mid-save
+    tracker.observe(DURABLE, [dead], T + 6)
+    tracker.observe(DURABLE, [dead, dcp("step-2", WRITING, T + 100, T + 101, 2)], T + 102)
+    assert states(tracker)["step-1"] == WRITING  # abort_after (600 s) has not passed
+    tracker.observe(DURABLE, [dead, dcp("step-2", COMMITTED, T + 100, T + 130, 2)], T + 131)
+    assert states(tracker) == {"step-1": ABORTED, "step-2": COMMITTED}
+    state = tracker.state()
+    assert (state.saves_committed, state.saves_aborted) == (1, 1)
+
+
+def test_overlapping_saves_still_writing_are_not_superseded() -> None:
+    """Async saves in flight together (a backlog): the older still writes after the newer
+    started, so the newer's commit says nothing of it."""
+    tracker = job(deadline=60)
+    tracker.observe(DURABLE, [], T)
+    older = dcp("step-1", WRITING, T, T + 120, 1)
+    tracker.observe(DURABLE, [older, dcp("step-2", COMMITTED, T + 100, T + 130, 2)], T + 131)
+    assert states(tracker)["step-1"] == WRITING and tracker.state().saves_aborted == 0
