@@ -20,6 +20,7 @@ def test_discover_roots_limit_and_forget(tmp_path: Path, exporter) -> None:
     root = tmp_path / "ckpt"
     for name in ("a", "b", "c", "d"):
         dcp_generation(root / name / "step-1")
+    os.utime(root / "d", (time.time() - 3600, time.time() - 3600))  # the newest are watched
     (root / "not a job name!").mkdir()
     config = write_config(
         tmp_path,

@@ -92,7 +92,7 @@ HOT_RESCAN_SECONDS = 1.0  # a job with a save in progress is read this often
 # batch per tick rather than one thread wake-up each (at most this much later).
 POLL_GRID = 0.25
 SPOOL_POLL_SECONDS = 0.2  # the spool's cadence (it was read on every 0.2 s pass before)
-SPOOL_CHECK_SECONDS = 10.0  # whether training jobs can write the spool, checked this often
+SPOOL_CHECK_SECONDS = 2.0  # whether training jobs can write the spool, checked this often (a stat)
 # A filesystem task (a read, a stat) that completes no metadata operation for this long marks
 # its mount stuck. A healthy NFS, Lustre or GPFS operation takes milliseconds and its bad tail a
 # few seconds (a lock recall, a server failover is 10-20 s); a soft NFS mount itself gives up only
@@ -179,6 +179,9 @@ class _Discovery:
     excess: int = 0
     reported: set[str] = field(default_factory=set)
     missing: bool = False  # the root does not exist (yet)
+    # Jobs that gave their slot to a newer one, by their directory's mtime then: watched again
+    # only once written since, so two idle jobs never take turns.
+    displaced: dict[str, float] = field(default_factory=dict)
 
 
 # --- values the workers hand back -------------------------------------------------------------
@@ -882,12 +885,16 @@ class Scanner:
         tracked = [n for n in tracked if n in self._sources]
         # Not watched yet (a name found under another root stays there), newest first; an
         # empty directory is no job yet and takes no slot, so a tenant's mkdirs cannot fill them.
+        displaced = discovery.displaced
+        for name in [n for n in displaced if n not in present or present[n].mtime > displaced[n]]:
+            del displaced[name]  # gone, or written since: a candidate like any other
         candidates = sorted(
             (c for n, c in present.items() if n not in self._sources and not c.empty),
-            key=lambda c: (-c.mtime, c.name),
+            key=lambda c: (c.name in displaced, -c.mtime, c.name),
         )
         slots = max(0, entry.max_jobs - len(tracked))
-        slots += self._make_room(entry, tracked, candidates[slots:])
+        waiting = [c for c in candidates[slots:] if c.name not in displaced]
+        slots += self._make_room(discovery, tracked, waiting, present)
         for candidate in candidates[:slots]:
             path = os.path.join(root, candidate.name)
             self._add(candidate.name, (WatchedPath(DURABLE, path),), entry.policy, root)
@@ -904,11 +911,16 @@ class Scanner:
                 )  # fmt: skip
 
     def _make_room(
-        self, entry: DiscoverConfig, tracked: list[str], waiting: list[_Candidate]
+        self,
+        discovery: _Discovery,
+        tracked: list[str],
+        waiting: list[_Candidate],
+        present: dict[str, _Candidate],
     ) -> int:
         """Over max_jobs, the oldest idle jobs (finished, or silent since before their next save
         was due, no save in progress) give their slots to newer jobs, the newest first: a root
         full of finished runs still watches the run started today. Returns the slots freed."""
+        entry = discovery.entry
         idle = sorted(
             (self._last_activity(name), name) for name in tracked if self._idle(name, entry)
         )
@@ -922,6 +934,7 @@ class Scanner:
                 entry.root, entry.max_jobs, name, time.strftime("%Y-%m-%dT%H:%M:%SZ",
                 time.gmtime(since)), candidate.name,
             )  # fmt: skip
+            discovery.displaced[name] = present[name].mtime
             self._remove(name)
             freed += 1
         return freed
