@@ -28,8 +28,16 @@ TESTS = sorted((REPO / "alerts" / "tests").glob("*.yaml"))
 
 
 def alerts() -> dict[str, dict]:
+    """Each alert's first rule: the paging one, where a job's alert also has a ticket rule."""
+    return {name: found[0] for name, found in all_rules().items()}
+
+
+def all_rules() -> dict[str, list[dict]]:
     groups = yaml.safe_load(RULES.read_text())["groups"]
-    return {rule["alert"]: rule for group in groups for rule in group["rules"] if "alert" in rule}
+    out: dict[str, list[dict]] = {}
+    for rule in (r for group in groups for r in group["rules"] if "alert" in r):
+        out.setdefault(rule["alert"], []).append(rule)
+    return out
 
 
 def rule_count(path: Path) -> int:
@@ -78,6 +86,7 @@ def test_the_split_files_hold_the_single_files_groups_each_where_it_can_evaluate
         "checkpoint-exporter.node.alerts",
     ]
     assert [g["name"] for g in job] == [
+        "checkpoint-exporter.job.daily",
         "checkpoint-exporter.job.rules",
         "checkpoint-exporter.job.alerts",
     ]
@@ -154,7 +163,7 @@ def test_every_alert_is_annotated_and_has_a_runbook_section() -> None:
         assert rule["labels"]["severity"] in ("critical", "warning")
         summary = rule["annotations"]["summary"]
         assert summary[0].isupper() and summary.endswith(".") and summary.count(". ") == 0
-        assert "{{ $labels." in rule["annotations"]["description"]
+        assert "$labels." in rule["annotations"]["description"]
         assert rule["annotations"]["runbook_url"] == MixinConfig().runbook(name)
         for part in (
             "**Meaning.**",
@@ -178,7 +187,7 @@ def test_thresholds_come_from_the_exported_objectives() -> None:
     assert "checkpoint_saves_within_deadline_total" in RULES.read_text()
     # The one limit the mixin config sets itself: how old a job's view may get.
     stale_after = f"> {parse_duration(MixinConfig().stale_after):g}"
-    assert expressions["CheckpointDataStale"].endswith(stale_after)
+    assert f"{stale_after}\n" in expressions["CheckpointDataStale"]
     for name, expr in expressions.items():
         # No durations or byte counts written into a rule: numbers are factors, not limits.
         expr = expr.replace(stale_after, "")
@@ -230,7 +239,8 @@ def test_the_mixin_config_drives_the_output(tmp_path: Path) -> None:
     assert generated["CheckpointInvalid"]["annotations"]["runbook_url"] == (
         "https://wiki.example/runbooks#checkpointinvalid"
     )
-    assert "0.015" in generated["CheckpointDeadlineBudgetBurn"]["expr"]  # 3 x (1 - 0.995)
+    burns = [r for g in groups["groups"] for r in g["rules"] if r.get("alert", "").endswith("Burn")]
+    assert "> 0.015\n" in burns[1]["expr"]  # the 1d window's: 3 x (1 - 0.995)
     for name in ("CheckpointDataStale", "CheckpointTooOld", "CheckpointSaveHung"):
         assert "> 120" in generated[name]["expr"], name  # stale_after, and what holds back on it
     manifest = yaml.safe_load((tmp_path / "k8s" / "prometheusrule.yaml").read_text())
@@ -366,3 +376,118 @@ def test_dashboards_have_the_template_variables_and_panels(tmp_path: Path) -> No
     queries = dashboards.queries()
     assert all('training_job=~"$training_job"' in q or "mountpoint" in q or "filesystem" in q
                for _, _, q in queries)  # fmt: skip
+
+
+# --- pages that are right in week one ([pager]) --------------------------------------------
+
+
+def test_a_jobs_critical_alerts_page_only_while_it_runs_with_stated_objectives() -> None:
+    """Each critical per-job alert is two rules: the page, for a job that runs and whose
+    objectives were stated; the same condition as a ticket for every other job."""
+    found = all_rules()
+    for name in rules.PAGING_ALERTS:
+        page, ticket = found[name]
+        assert page["labels"]["severity"] == "critical", name
+        assert page["expr"].endswith(f"\nand on (cluster, training_job) {rules.PAGES}\n"), name
+        assert ticket["labels"]["severity"] == "warning", name
+        assert ticket["expr"].endswith(f"\nunless on (cluster, training_job) {rules.PAGES}\n")
+        assert page["expr"].partition(")\n")[0] == ticket["expr"].partition(")\n")[0], name
+    # What pages at all: a failure that loses (or is about to lose) the state a job restarts
+    # from, or the monitoring of it. One exporter, one drill, one slow save: tickets.
+    pages = {name for name, (severity, _, _) in ALERTS.items() if severity == "critical"}
+    assert pages == rules.PAGING_ALERTS | {
+        "CheckpointDrainLostGeneration", "CheckpointJobUnmonitored",
+        "CheckpointShardUnmonitored", "CheckpointDeadlineBudgetBurn",
+    }  # fmt: skip
+    for name in ("TooOld", "NeverCommitted", "SaveHung"):  # never for a job that does not run
+        assert (
+            f"and on (cluster, training_job) {rules.ACTIVE}"
+            in found[f"Checkpoint{name}"][0]["expr"]
+        )
+
+
+def test_a_severity_override_to_warning_leaves_one_rule(tmp_path: Path) -> None:
+    c = MixinConfig(severity={"CheckpointTooOld": "warning"})
+    generated = [
+        r for g in rules.rule_groups(c)["groups"] for r in g["rules"]
+        if r.get("alert") == "CheckpointTooOld"
+    ]  # fmt: skip
+    assert len(generated) == 1 and generated[0]["labels"]["severity"] == "warning"
+    assert rules.PAGES not in generated[0]["expr"]
+
+
+def test_a_schedulers_view_of_running_jobs_decides_what_pages(tmp_path: Path) -> None:
+    """job_running joins a scheduler's metric (here kube-state-metrics' pod phase, relabelled to
+    the training job's name): a job it does not name stops paging at once, however recent its
+    own signs of life (the uninstrumented job that finished an hour ago); a job it names pages
+    even when its own signs are older than abandon_after."""
+    running = (
+        'max by (cluster, training_job) (label_replace(kube_pod_status_phase{phase="Running"} == 1,'
+        ' "training_job", "$1", "pod", "(.+)-launcher"))'
+    )
+    mixin = write_config(tmp_path, f"job_running: '{running}'\nrule_layout: split\n", "m.yaml")
+    out = tmp_path / "rules"
+    result = run_cli("rules", "--config.file", str(mixin), "--output-dir", str(out))
+    assert result.returncode == 0, result.stderr
+    exporter = 'job="checkpoint-exporter",instance="n1"'
+    series = []
+    for job, alive in (("ended", "0+60x100"), ("quiet", "0x100")):
+        labels = f'{exporter},training_job="{job}"'
+        series += [
+            {
+                "series": f"checkpoint_last_committed_timestamp_seconds{{{labels}}}",
+                "values": "0x100",
+            },
+            {"series": f"checkpoint_interval_seconds{{{labels}}}", "values": "600x100"},
+            {"series": f"checkpoint_deadline_seconds{{{labels}}}", "values": "60x100"},
+            {
+                "series": f"checkpoint_job_first_seen_timestamp_seconds{{{labels}}}",
+                "values": "0x100",
+            },
+            {"series": f"checkpoint_job_alive_timestamp_seconds{{{labels}}}", "values": alive},
+            {"series": f"checkpoint_job_finished{{{labels}}}", "values": "0x100"},
+            {"series": f"checkpoint_job_abandon_after_seconds{{{labels}}}", "values": "1800x100"},
+            {"series": f"checkpoint_job_paging{{{labels}}}", "values": "1x100"},
+        ]
+    series.append(
+        {"series": 'kube_pod_status_phase{pod="quiet-launcher",phase="Running"}', "values": "1x100"}
+    )
+    tests = {
+        "rule_files": [str(out / "checkpoint-exporter-job.rules.yaml")],
+        "evaluation_interval": "1m",
+        "tests": [{
+            "interval": "1m",
+            "input_series": series,
+            "alert_rule_test": [{
+                "eval_time": "90m", "alertname": "CheckpointTooOld",
+                "exp_alerts": [{
+                    "exp_labels": {"severity": "critical", "training_job": "quiet"},
+                    "exp_annotations": {
+                        "summary": ALERTS["CheckpointTooOld"][2],
+                        "description": "quiet: the newest committed checkpoint is 1h 30m 0s old, "
+                        "more than its interval plus deadline, and the job runs (not finished, "
+                        "and its scheduler says it runs). A restart now would lose that much "
+                        "training.",
+                        "runbook_url": MixinConfig().runbook("CheckpointTooOld"),
+                    },
+                }],
+            }],
+        }],
+    }  # fmt: skip
+    (tmp_path / "t.yaml").write_text(yaml.safe_dump(tests))
+    tested = subprocess.run(
+        [require_tool("promtool"), "test", "rules", str(tmp_path / "t.yaml")],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert tested.returncode == 0, tested.stdout + tested.stderr
+
+
+def test_burn_min_misses_is_a_mixin_setting(tmp_path: Path) -> None:
+    c = load_mixin(str(write_config(tmp_path, "burn_min_misses: 5\n", "m.yaml")))
+    fast = next(
+        r for g in rules.rule_groups(c)["groups"] for r in g["rules"]
+        if r.get("alert") == "CheckpointDeadlineBudgetBurn"
+    )  # fmt: skip
+    assert "[6h])) >= 5\n" in fast["expr"]
+    with pytest.raises(ConfigError, match="burn_min_misses"):
+        load_mixin(str(write_config(tmp_path, "burn_min_misses: 0\n", "bad.yaml")))

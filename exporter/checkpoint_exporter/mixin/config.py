@@ -32,35 +32,47 @@ SINGLE = "single"
 SPLIT = "split"
 RULE_LAYOUTS = (SINGLE, SPLIT)
 
-# Every alert of DESIGN.md: severity, `for`, one-sentence summary.
+# Every alert of DESIGN.md: severity, `for`, one-sentence summary. The severity follows the action
+# each needs: critical pages someone now (a job is losing, or about to lose, the state it would
+# restart from), warning opens a ticket for working hours. A job's critical alerts page only
+# while it runs and its objectives were stated (rules.PAGES); otherwise they open tickets.
 ALERTS: dict[str, tuple[str, str, str]] = {
-    "CheckpointTooOld": (CRITICAL, "5m", "The newest committed checkpoint is older than the interval plus the deadline."),
-    "CheckpointDeadlineMissed": (CRITICAL, "0s", "A checkpoint save took longer than its deadline."),
-    "CheckpointSaveHung": (CRITICAL, "5m", "A checkpoint save has been in progress for more than twice its deadline."),
+    "CheckpointTooOld": (CRITICAL, "5m", "A running job's newest committed checkpoint is older than its interval plus its deadline."),
+    "CheckpointNeverCommitted": (CRITICAL, "5m", "A running job has committed no checkpoint since it was first watched, for longer than its interval plus its deadline."),
+    "CheckpointDeadlineMissed": (WARNING, "0s", "A checkpoint save took longer than its deadline."),
+    "CheckpointSaveHung": (CRITICAL, "5m", "A running job's checkpoint save has been in progress for more than twice its deadline."),
     "CheckpointSavesPilingUp": (WARNING, "15m", "More than one checkpoint save is in progress at once."),
     "CheckpointSaveAborted": (WARNING, "0s", "A checkpoint save was abandoned before it committed."),
     "CheckpointInvalid": (CRITICAL, "5m", "The newest committed checkpoint failed structural validation."),
-    "CheckpointRestoreFailed": (CRITICAL, "0s", "A checkpoint restore failed."),
+    "CheckpointRestoreFailed": (CRITICAL, "0s", "A training job failed to restore its checkpoint."),
+    "CheckpointRestoreDrillFailed": (WARNING, "0s", "A restore drill failed."),
     "CheckpointRestoreDrillOverdue": (WARNING, "1h", "No successful restore within the job's restore_drill_max_age."),
     "CheckpointDrainFallingBehind": (WARNING, "30m", "Checkpoints arrive on the staging tier faster than they drain to durable storage."),
-    "CheckpointDrainStalled": (CRITICAL, "10m", "A staged checkpoint has not reached durable storage within the interval plus the deadline."),
-    "CheckpointCapacityLow": (CRITICAL, "10m", "The next checkpoint generation does not fit in the usable free space."),
+    "CheckpointDrainStalled": (WARNING, "10m", "A staged checkpoint has not reached durable storage within the interval plus the deadline."),
+    "CheckpointDrainLostGeneration": (CRITICAL, "0s", "A staged checkpoint was deleted before its durable copy committed: it is lost."),
+    "CheckpointCapacityLow": (CRITICAL, "10m", "The next checkpoint generation of a running job does not fit in the usable free space."),
     "CheckpointCapacityFillingUp": (WARNING, "1h", "A checkpoint filesystem will reach its reserve within a day at the current rate."),
     "CheckpointStragglerNode": (WARNING, "5m", "One node finished writing its part of a checkpoint much later than the others."),
-    "CheckpointExporterDown": (CRITICAL, "5m", "A checkpoint-exporter is down or no longer scraped."),
+    "CheckpointExporterDown": (WARNING, "5m", "A checkpoint-exporter is down."),
+    "CheckpointJobUnmonitored": (CRITICAL, "5m", "No checkpoint-exporter is left that watches a job, or none is scraped at all: its checkpoint alerts cannot fire."),
+    "CheckpointShardUnmonitored": (CRITICAL, "5m", "Every replica of a shared-scanner shard is down: the jobs of that shard are not watched."),
     "CheckpointCollectorFailing": (WARNING, "15m", "A checkpoint-exporter collector that used to work now fails."),
-    "CheckpointDeadlineBudgetBurn": (WARNING, "15m", "Checkpoint deadline misses are burning the SLO's error budget too fast."),
+    "CheckpointDeadlineBudgetBurn": (CRITICAL, "15m", "Checkpoint deadline misses are burning the SLO's error budget: fast (several saves in hours) pages, slow (over days) opens a ticket."),
     "CheckpointRetentionExceeded": (WARNING, "1h", "More checkpoint generations are retained than the job's limit."),
     "CheckpointNoRecoverableGeneration": (CRITICAL, "5m", "The job has no committed, valid checkpoint generation left."),
     "CheckpointStorageClockSkew": (WARNING, "15m", "Checkpoint file times disagree with the node's clock by more than a minute."),
     # A ticket, not a page: the interval wastes GPU time, it does not lose checkpoints. A day,
     # as the save cost it compares against is a day's mean.
     "CheckpointIntervalOffOptimum": (WARNING, "1d", "The configured checkpoint interval is over twice or under half the recommended one: Young's optimum for the measured save cost and MTBF, at least one save long."),
+    "CheckpointJobAbandoned": (WARNING, "1h", "A job has shown no sign of life for its abandon_after and did not say it finished: it no longer pages."),
+    "CheckpointJobsNotWatched": (WARNING, "15m", "Jobs under a discover root are not watched: the root holds more than its max_jobs."),
+    "CheckpointTreeUnreadable": (WARNING, "15m", "Part of a watched checkpoint tree cannot be read by the exporter."),
+    "CheckpointSpoolUnwritable": (WARNING, "10m", "Training jobs cannot write the event spool: the save clocks of instrumented jobs are lost."),
     # The exporter's own view: when it cannot be trusted, the alerts above are blind or wrong.
     "CheckpointDataStale": (CRITICAL, "5m", "No exporter has confirmed its view of a job's checkpoints for longer than stale_after."),
     "CheckpointMountStuck": (WARNING, "5m", "A filesystem operation on a checkpoint mount has not answered within its time budget."),
     "CheckpointExporterBadConfig": (WARNING, "10m", "The checkpoint-exporter configuration could not be reloaded."),
-    "CheckpointExporterNotReady": (CRITICAL, "30m", "A checkpoint-exporter has not finished the first pass of every watched tier."),
+    "CheckpointExporterNotReady": (WARNING, "30m", "A checkpoint-exporter has not finished the first pass of every watched tier."),
 }  # fmt: skip
 
 
@@ -87,6 +99,13 @@ class MixinConfig:
     node_label: str = "instance"  # on the exporters' and node_exporter's series
     dcgm_node_label: str = "instance"  # "Hostname" where dcgm-exporter has no host network
     node_regex: str = "(.+?)(:[0-9]+)?"
+    # The fast budget burn pages only with at least this many misses in its 6 h window: a job
+    # that saves hourly has six saves there, and one miss of six is a 17 % error rate.
+    burn_min_misses: int = 3
+    # A PromQL expression with one series per running training job (labels training_job and
+    # cluster_label): a scheduler's view of which jobs run, joined where jobs are not
+    # instrumented. Set, a job pages only while it names the job. Examples in the README.
+    job_running: str = ""
     severity: dict[str, str] = field(default_factory=dict)  # alert -> severity override
     for_: dict[str, str] = field(default_factory=dict)  # alert -> `for` override ("for" in YAML)
 
@@ -144,6 +163,12 @@ def _open_fraction(value: object) -> object:
     return value
 
 
+def _count(value: object) -> object:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1000:
+        raise ValueError("must be a whole number from 1 to 1000")
+    return value
+
+
 def _factor(value: object) -> object:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 1:
         raise ValueError("must be a number of at least 1")
@@ -167,6 +192,8 @@ _FIELDS = (
     Field("node_label", text),
     Field("dcgm_node_label", text),
     Field("node_regex", text),
+    Field("burn_min_misses", _count),
+    Field("job_running", text),
     Field("severity", _alert_settings(_severity)),
     Field("for", _alert_settings(_duration_string(parse_duration))),
 )

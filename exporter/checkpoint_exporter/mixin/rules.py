@@ -13,15 +13,22 @@ The groups are split by where they can evaluate: per-node groups read one export
 keep its instance (any Prometheus shard), per-job groups reduce every exporter's view of a job
 (the Prometheus that sees them all, or a global ruler). The mixin config's ``rule_layout`` puts
 them in one file or in one file per scope.
+
+Pages follow a job's life, not only its files. A job is active (``ACTIVE``) while it has not
+finished and has shown a sign of life within its abandon_after (or, with the mixin's
+``job_running``, while the scheduler says it runs). The alerts on a running job's saves
+(TooOld, NeverCommitted, SaveHung) fire only for active jobs; a job's critical alerts page only
+while it is active and its objectives were stated (``PAGES``), and open a ticket otherwise.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
 
-from checkpoint_exporter.mixin.config import ALERTS, SINGLE, MixinConfig
+from checkpoint_exporter.mixin.config import ALERTS, CRITICAL, SINGLE, WARNING, MixinConfig
 from checkpoint_exporter.units import parse_duration
 
 # Recording rules: level:metric:operation.
@@ -45,6 +52,27 @@ DAILY_INTERVAL = "5m"
 # The freshest view any exporter has of a job's tier (shared scanners run in pairs).
 LAST_SCAN_SUCCESS = "training_job_tier:checkpoint_exporter_last_scan_timestamp_seconds:max"
 SLO_WINDOWS = ("2h", "6h", "1d", "3d")
+# A job's life, from every exporter that knows it.
+FIRST_SEEN = "training_job:checkpoint_job_first_seen_timestamp_seconds:min"
+ALIVE = "training_job:checkpoint_job_alive_timestamp_seconds:max"
+FINISHED = "training_job:checkpoint_job_finished:max"
+ABANDON_AFTER = "training_job:checkpoint_job_abandon_after_seconds:max"
+PAGING = "training_job:checkpoint_job_paging:max"
+# 1 for each job that runs: not finished, and a sign of life within its abandon_after (or named by
+# the scheduler's job_running); and for each of those whose objectives were stated, whose
+# critical alerts page.
+ACTIVE = "training_job:checkpoint_job_active:bool"
+PAGES = "training_job:checkpoint_job_pages:bool"
+# The newest save's start (the durable tier's view), and each node's write end of that save:
+# a node still exporting an older save (the job moved to other nodes) is no baseline.
+LAST_SAVE_START = "training_job:checkpoint_last_save_start_timestamp_seconds:max"
+CURRENT_WRITE_END = (
+    "training_job_instance:checkpoint_last_save_local_write_end_timestamp_seconds:current"
+)
+# Which exporters exported each job, and each shard, over the last day: refreshed every
+# DAILY_INTERVAL, so that a job whose exporters all went down is still known to have had them.
+JOB_INFO_DAY = "training_job_instance:checkpoint_job_info:max1d"
+SHARD_INFO_DAY = "shard_instance:checkpoint_exporter_shard_info:max1d"
 # The live interval: plan/worksheet.py's formulas on the measured save cost.
 LAST_PAUSE = "training_job:checkpoint_last_save_pause_seconds:max"
 SAVE_COST = "training_job:checkpoint_save_cost_seconds:avg1d"
@@ -109,15 +137,29 @@ def _job_recording(c: MixinConfig) -> list[dict[str, str]]:
         RETAINED: "checkpoint_retained_generations",
         RETAINED_LIMIT: "checkpoint_retained_generations_limit",
         VALID_GENERATIONS: "checkpoint_retained_valid_generations",
+        ALIVE: "checkpoint_job_alive_timestamp_seconds",
+        FINISHED: "checkpoint_job_finished",
+        ABANDON_AFTER: "checkpoint_job_abandon_after_seconds",
+        PAGING: "checkpoint_job_paging",
+        LAST_SAVE_START: "checkpoint_last_save_start_timestamp_seconds",
     }
     rules = [
         {"record": name, "expr": f"max by ({cl}, training_job) ({metric}{s})"}
         for name, metric in dedupe.items()
     ]
+    on = f"on ({cl}, training_job)"
     write_end = f"checkpoint_last_save_local_write_end_timestamp_seconds{s}"
     rules += [
+        {"record": FIRST_SEEN,
+         "expr": f"min by ({cl}, training_job) (checkpoint_job_first_seen_timestamp_seconds{s})"},
+        {"record": ACTIVE, "expr": _active(c)},
+        {"record": PAGES, "expr": f"{ACTIVE}\nand {on} ({PAGING} == 1)"},
+        # Each node's write end of the job's newest save: at most a deadline before its start
+        # (storage and node clocks differ); an older one is of an earlier save.
+        {"record": CURRENT_WRITE_END,
+         "expr": f"{write_end}\n>= {on} group_left ()\n  ({LAST_SAVE_START} - {on} {DEADLINE})"},
         {"record": WRITE_END_SPREAD,
-         "expr": f"max by ({cl}, training_job) ({write_end}) - min by ({cl}, training_job) ({write_end})"},
+         "expr": f"max by ({cl}, training_job) ({CURRENT_WRITE_END}) - min by ({cl}, training_job) ({CURRENT_WRITE_END})"},
         {"record": GENERATIONS_THAT_FIT, "expr": f"""floor(
   max by ({cl}, training_job) (
     (
@@ -144,6 +186,29 @@ def _job_recording(c: MixinConfig) -> list[dict[str, str]]:
             {"record": slo_errors(window), "expr": f"1 - (\n  {within}\n  /\n  {total}\n)"}
         )  # fmt: skip
     return rules + _interval_recording(c)
+
+
+def _active(c: MixinConfig) -> str:
+    """The jobs that run: not finished, and alive within their abandon_after by their own signs
+    (heartbeats, spool events, writes; the first sighting where none came yet), or, where the
+    mixin joins a scheduler's view (``job_running``), named by it."""
+    on = f"on ({c.cluster_label}, training_job)"
+    running = f"(time() - ({ALIVE} or {FIRST_SEEN}) < {ABANDON_AFTER})"
+    if c.job_running:
+        running = f"({c.job_running})"
+    return f"({FINISHED} == bool 0) == 1\nand {on}\n{running}"
+
+
+def _job_daily(c: MixinConfig) -> list[dict[str, str]]:
+    """Per-job records over a day, evaluated every DAILY_INTERVAL rather than every round."""
+    s = "{" + c.selector + "}"
+    cl = c.cluster_label
+    return [
+        {"record": JOB_INFO_DAY,
+         "expr": f"max by ({cl}, instance, training_job) (max_over_time(checkpoint_job_info{s}[1d]))"},
+        {"record": SHARD_INFO_DAY,
+         "expr": f"max by ({cl}, instance, shard, shards) (max_over_time(checkpoint_exporter_shard_info{s}[1d]))"},
+    ]  # fmt: skip
 
 
 def _save_cost(c: MixinConfig, phase: str) -> str:
@@ -210,33 +275,98 @@ def stale_here(c: MixinConfig) -> str:
     return f"time() - ({last_scan} > 0) > {parse_duration(c.stale_after):g}"
 
 
-def _alert_exprs(c: MixinConfig) -> dict[str, str]:
+@dataclass(frozen=True)
+class _Rule:
+    """One alerting rule of an alert (an alert may have several: paging and ticket variants, the
+    budget burn's windows)."""
+
+    expr: str
+    severity: str | None = None  # None: the alert's (ALERTS, or the mixin's override)
+    labels: dict[str, str] = field(default_factory=dict)
+    # Replaces {labels} in the description: a template sees the expression's labels, not these.
+    words: dict[str, str] = field(default_factory=dict)
+
+
+def _pages(c: MixinConfig, name: str, base: str) -> list[_Rule]:
+    """A job's critical alert: it pages while the job runs and its objectives were stated
+    (PAGES), and is the same condition as a ticket otherwise (a discovered run held to
+    objectives nobody chose, a finished or abandoned job)."""
+    if c.severity_of(name) != CRITICAL:
+        return [_Rule(base)]
+    on = f"on ({c.cluster_label}, training_job)"
+    return [
+        _Rule(f"(\n{_indent(base)}\n)\nand {on} {PAGES}"),
+        _Rule(f"(\n{_indent(base)}\n)\nunless {on} {PAGES}", WARNING),
+    ]
+
+
+def _indent(text: str) -> str:
+    return "\n".join("  " + line for line in text.splitlines())
+
+
+def _alert_rules(c: MixinConfig) -> dict[str, list[_Rule]]:
     s = "{" + c.selector + "}"
     cl = c.cluster_label
+    on = f"on ({cl}, training_job)"
     w = c.event_window
     budget = 1 - c.slo_target
-    write_end = f"checkpoint_last_save_local_write_end_timestamp_seconds{s}"
     # The ages below grow by themselves once a job's series stop moving.
-    unless_stale = f"unless on ({cl}, training_job)\n  ({stale_views(c)})"
-    return {
+    unless_stale = f"unless {on}\n  ({stale_views(c)})"
+    unless_durable_stale = f"unless {on}\n  ({stale_views(c, 'durable')})"
+    drill_age = f"max by ({cl}, training_job) (checkpoint_restore_drill_max_age_seconds{s})"
+    up_now = f"{c.selector.join(('up{', '}'))}"
+    burn = [
+        _Rule(
+            f"{slo_errors(long)} > {factor * budget:g}\nand {slo_errors(short)} > {factor * budget:g}",
+            WARNING,
+            {"long": long, "short": short},
+            {"{long}": long, "{short}": short},
+        )
+        for long, short, factor in (("1d", "2h", 3), ("3d", "6h", 1))
+    ]
+    fast = (
+        f"{slo_errors('6h')} > {6 * budget:g}\nand {slo_errors('2h')} > {6 * budget:g}\n"
+        f"and max by ({cl}, training_job) (increase(checkpoint_deadline_misses_total{s}[6h]))"
+        f" >= {c.burn_min_misses}"
+    )
+    if c.severity_of("CheckpointDeadlineBudgetBurn") == CRITICAL:
+        burn.insert(0, _Rule(f"(\n{_indent(fast)}\n)\nand {on} {PAGES}", None,
+                             {"long": "6h", "short": "2h"}, {"{long}": "6h", "{short}": "2h"}))  # fmt: skip
+    rules: dict[str, list[_Rule] | str] = {
         "CheckpointTooOld": (
             f"(time() - {LAST_COMMITTED}\n> {INTERVAL} + {DEADLINE})\n"
-            f"unless on ({cl}, training_job)\n  ({stale_views(c, 'durable')})"
+            f"{unless_durable_stale}\nand {on} {ACTIVE}"
+        ),
+        # Alive and watched for an interval and a deadline, its durable tier read, and nothing
+        # committed: a wrong path, or a job that crashes before its first save.
+        "CheckpointNeverCommitted": (
+            f"(time() - {FIRST_SEEN}\n> {INTERVAL} + {DEADLINE})\n"
+            f"unless {on} {LAST_COMMITTED}\n"
+            f'and {on} {LAST_SCAN_SUCCESS}{{tier="durable"}}\n'
+            f"{unless_durable_stale}\nand {on} {ACTIVE}"
         ),
         "CheckpointDeadlineMissed": f"max by ({cl}, training_job) (increase(checkpoint_deadline_misses_total{s}[{w}])) > 0",
         "CheckpointSaveHung": (
             f"(time() - max by ({cl}, training_job) (checkpoint_oldest_save_in_progress_start_timestamp_seconds{s} > 0)\n"
-            f"> 2 * {DEADLINE})\n{unless_stale}"
+            f"> 2 * {DEADLINE})\n{unless_stale}\nand {on} {ACTIVE}"
         ),
         "CheckpointSavesPilingUp": f"max by ({cl}, training_job) (checkpoint_saves_in_progress{s}) > 1",
         "CheckpointSaveAborted": f"max by ({cl}, training_job) (increase(checkpoint_saves_aborted_total{s}[{w}])) > 0",
         "CheckpointInvalid": f"min by ({cl}, training_job) (checkpoint_last_committed_valid{s}) == 0",
-        "CheckpointRestoreFailed": f"max by ({cl}, training_job) (increase(checkpoint_restore_failures_total{s}[{w}])) > 0",
+        # Training restores: every restore minus the drills'.
+        "CheckpointRestoreFailed": (
+            f"max by ({cl}, training_job) (\n"
+            f"  increase(checkpoint_restore_failures_total{s}[{w}])\n"
+            f"  - increase(checkpoint_restore_drill_failures_total{s}[{w}])\n) > 0"
+        ),
+        "CheckpointRestoreDrillFailed": f"max by ({cl}, training_job) (increase(checkpoint_restore_drill_failures_total{s}[{w}])) > 0",
+        # The age of the last success; a job never restored counts from when it was first seen.
         "CheckpointRestoreDrillOverdue": (
-            f"time() - max by ({cl}, training_job) (checkpoint_restore_last_success_timestamp_seconds{s})\n"
-            f"> max by ({cl}, training_job) (checkpoint_restore_drill_max_age_seconds{s})\n"
-            f"or\nmax by ({cl}, training_job) (checkpoint_restore_drill_max_age_seconds{s})\n"
-            f"unless on ({cl}, training_job) checkpoint_restore_last_success_timestamp_seconds{s}"
+            f"(\n  time() - max by ({cl}, training_job) (checkpoint_restore_last_success_timestamp_seconds{s})\n"
+            f"  > {drill_age}\n"
+            f"  or\n  time() - {FIRST_SEEN} > {drill_age}\n"
+            f"  unless {on} checkpoint_restore_last_success_timestamp_seconds{s}\n)\n"
+            f"and {on} {ACTIVE}"
         ),
         "CheckpointDrainFallingBehind": (
             f"{ARRIVAL} > {c.drain_margin} * {DRAIN}\nand checkpoint_drain_backlog_bytes{s} > 0"
@@ -246,24 +376,37 @@ def _alert_exprs(c: MixinConfig) -> dict[str, str]:
             f"> checkpoint_interval_seconds{s} + checkpoint_deadline_seconds{s})\n"
             f"unless on ({cl}, instance, training_job)\n  ({stale_here(c)})"
         ),
+        "CheckpointDrainLostGeneration": f"increase(checkpoint_drain_lost_generations_total{s}[{w}]) > 0",
         "CheckpointCapacityLow": f"{GENERATIONS_THAT_FIT} < 1",
         "CheckpointCapacityFillingUp": (
             f"{AVAIL_PREDICTED}\n< checkpoint_filesystem_reserve_ratio{s} * checkpoint_filesystem_size_bytes{s}\n"
             f"and checkpoint_filesystem_avail_bytes{s}\n> checkpoint_filesystem_reserve_ratio{s} * checkpoint_filesystem_size_bytes{s}"
         ),
         "CheckpointStragglerNode": (
-            f"{write_end}\n- on ({cl}, training_job) group_left min by ({cl}, training_job) ({write_end})\n"
-            f"> on ({cl}, training_job) group_left {c.straggler_fraction} * {DEADLINE}"
+            f"{CURRENT_WRITE_END}\n- {on} group_left min by ({cl}, training_job) ({CURRENT_WRITE_END})\n"
+            f"> {on} group_left {c.straggler_fraction} * {DEADLINE}"
         ),
-        "CheckpointExporterDown": f"up{s} == 0\nor\nabsent(up{s})",
+        "CheckpointExporterDown": f"{up_now} == 0",
+        # Exporters that watched a job in the last day are down, and none that is up watches it
+        # (a job removed from the config has its exporter up); or no exporter is scraped at all.
+        "CheckpointJobUnmonitored": (
+            f"max by ({cl}, training_job) (\n"
+            f"  max_over_time({JOB_INFO_DAY}[15m])\n  and on ({cl}, instance) ({up_now} == 0)\n)\n"
+            f"unless {on} max by ({cl}, training_job) (checkpoint_job_info{s})\n"
+            f"or\nabsent({up_now})"
+        ),
+        # A shard of the current sharding (a resharding retires the old shard labels) whose
+        # replicas are all down or gone.
+        "CheckpointShardUnmonitored": (
+            f"max by ({cl}, shard, shards) (max_over_time({SHARD_INFO_DAY}[15m]))\n"
+            f"and on ({cl}, shards) max by ({cl}, shards) (checkpoint_exporter_shard_info{s})\n"
+            f"unless on ({cl}, shard, shards)\n"
+            f"max by ({cl}, shard, shards) (checkpoint_exporter_shard_info{s} and on ({cl}, instance) ({up_now} == 1))"
+        ),
         # The daily record is refreshed every DAILY_INTERVAL: its newest value in 15m.
         "CheckpointCollectorFailing": (
             f"checkpoint_exporter_scrape_collector_success{s} == 0\n"
             f"and on ({cl}, instance, collector) max_over_time({COLLECTOR_WORKED}[15m]) == 1"
-        ),
-        "CheckpointDeadlineBudgetBurn": (
-            f"({slo_errors('1d')} > {3 * budget:g} and {slo_errors('2h')} > {3 * budget:g})\n"
-            f"or\n({slo_errors('3d')} > {budget:g} and {slo_errors('6h')} > {budget:g})"
         ),
         "CheckpointRetentionExceeded": f"{RETAINED} > {RETAINED_LIMIT}",
         "CheckpointNoRecoverableGeneration": (
@@ -277,6 +420,15 @@ def _alert_exprs(c: MixinConfig) -> dict[str, str]:
             f"{INTERVAL} / {RECOMMENDED} > {INTERVAL_BAND}\n"
             f"or\n{INTERVAL} / {RECOMMENDED} < 1 / {INTERVAL_BAND}"
         ),
+        # The value is how long it has been silent.
+        "CheckpointJobAbandoned": (
+            f"time() - ({ALIVE} or {FIRST_SEEN}) >= {ABANDON_AFTER}\n"
+            f"unless {on} ({FINISHED} == 1)\nand {on} ({PAGING} == 1)"
+            + (f"\nunless {on} ({c.job_running})" if c.job_running else "")
+        ),
+        "CheckpointJobsNotWatched": f"checkpoint_exporter_discover_excess_jobs{s} > 0",
+        "CheckpointTreeUnreadable": f"checkpoint_exporter_unreadable_paths{s} > 0",
+        "CheckpointSpoolUnwritable": f"checkpoint_exporter_spool_writable{s} == 0",
         "CheckpointDataStale": stale_views(c),
         "CheckpointMountStuck": (
             f"max by ({cl}, instance, mountpoint) (\n"
@@ -287,30 +439,59 @@ def _alert_exprs(c: MixinConfig) -> dict[str, str]:
             f"max_over_time(checkpoint_exporter_config_last_reload_successful{s}[5m]) == 0"
         ),
         "CheckpointExporterNotReady": f"checkpoint_exporter_ready{s} == 0",
+        "CheckpointDeadlineBudgetBurn": burn,
+    }  # fmt: skip
+    return {
+        name: rule if isinstance(rule, list) else
+        (_pages(c, name, rule) if name in PAGING_ALERTS else [_Rule(rule)])
+        for name, rule in rules.items()
     }  # fmt: skip
 
 
+# A job's critical alerts that page only for a running job with stated objectives (a ticket
+# otherwise): _pages. CheckpointJobUnmonitored is not among them (a job whose exporters are all
+# gone has no series left to say whether it pages), nor the per-node ones.
+PAGING_ALERTS = frozenset({
+    "CheckpointTooOld", "CheckpointNeverCommitted", "CheckpointSaveHung", "CheckpointInvalid",
+    "CheckpointRestoreFailed", "CheckpointCapacityLow", "CheckpointNoRecoverableGeneration",
+    "CheckpointDataStale",
+})  # fmt: skip
+
+# How the alert knows the job runs, in its description.
+RUNNING_BY_SIGNS = "not finished, and a heartbeat, spool event or write within its abandon_after"
+RUNNING_BY_SCHEDULER = "not finished, and its scheduler says it runs"
+# Counts in descriptions are whole numbers: increase() extrapolates (2.012 saves).
+_COUNT = '{{ $value | printf "%.0f" }}'
 _DESCRIPTIONS = {
-    "CheckpointTooOld": "{{ $labels.training_job }}: the newest committed checkpoint is {{ $value | humanizeDuration }} old, more than its interval plus deadline.",
-    "CheckpointDeadlineMissed": "{{ $labels.training_job }}: {{ $value | humanize }} save(s) took longer than the deadline in the last {window}.",
-    "CheckpointSaveHung": "{{ $labels.training_job }}: a save started {{ $value | humanizeDuration }} ago and has not committed.",
+    "CheckpointTooOld": "{{ $labels.training_job }}: the newest committed checkpoint is {{ $value | humanizeDuration }} old, more than its interval plus deadline, and the job runs ({running}). A restart now would lose that much training.",
+    "CheckpointNeverCommitted": "{{ $labels.training_job }}: watched for {{ $value | humanizeDuration }} and running, and not one checkpoint has committed where it is watched (checkpoint_job_info's path; checkpoint_exporter_path_missing says whether the directory exists). A wrong checkpoint path, or a job that fails before its first save.",
+    "CheckpointDeadlineMissed": "{{ $labels.training_job }}: " + _COUNT + " save(s) took longer than the deadline in the last {window}.",
+    "CheckpointSaveHung": "{{ $labels.training_job }}: a save started {{ $value | humanizeDuration }} ago and has not committed, more than twice its deadline.",
     "CheckpointSavesPilingUp": "{{ $labels.training_job }}: {{ $value }} saves are in progress at once.",
-    "CheckpointSaveAborted": "{{ $labels.training_job }}: {{ $value | humanize }} save(s) were abandoned in the last {window}.",
-    "CheckpointInvalid": "{{ $labels.training_job }}: the newest committed checkpoint failed validation (missing or truncated shard, bad zip, bad metadata or checksum).",
-    "CheckpointRestoreFailed": "{{ $labels.training_job }}: {{ $value | humanize }} restore(s) failed in the last {window}.",
-    "CheckpointRestoreDrillOverdue": "{{ $labels.training_job }}: no successful restore for longer than its restore_drill_max_age ({{ $value | humanizeDuration }}).",
+    "CheckpointSaveAborted": "{{ $labels.training_job }}: " + _COUNT + " save(s) ended without a commit in the last {window} (their ranks reported save_failed, a newer save committed over them, or nothing moved for abort_after).",
+    "CheckpointInvalid": "{{ $labels.training_job }}: the newest committed checkpoint failed validation (missing or truncated shard, bad zip, bad metadata or checksum); a restart would pick it.",
+    "CheckpointRestoreFailed": "{{ $labels.training_job }}: " + _COUNT + " restore(s) by the training job failed in the last {window}: the job cannot restart from its checkpoint.",
+    "CheckpointRestoreDrillFailed": "{{ $labels.training_job }}: " + _COUNT + " restore drill(s) failed in the last {window}; the training job itself has not failed to restore.",
+    "CheckpointRestoreDrillOverdue": "{{ $labels.training_job }}: no successful restore for {{ $value | humanizeDuration }}, longer than its restore_drill_max_age.",
     "CheckpointDrainFallingBehind": "{{ $labels.training_job }} on {{ $labels.instance }}: staging receives {{ $value | humanize1024 }}B/s, more than drains to durable storage.",
     "CheckpointDrainStalled": "{{ $labels.training_job }} on {{ $labels.instance }}: a staged generation has waited {{ $value | humanizeDuration }} for durable storage.",
-    "CheckpointCapacityLow": "{{ $labels.training_job }}: {{ $value }} more generations fit in the usable free space.",
+    "CheckpointDrainLostGeneration": "{{ $labels.training_job }} on {{ $labels.instance }}: " + _COUNT + " staged generation(s) were deleted from staging before their durable copy committed in the last {window}; they exist nowhere now.",
+    "CheckpointCapacityLow": "{{ $labels.training_job }}: {{ $value }} more generations fit in the usable free space; the next save will fail or eat the reserve.",
     "CheckpointCapacityFillingUp": "{{ $labels.mountpoint }} on {{ $labels.instance }} will have {{ $value | humanize1024 }}B available in 24 h, below its reserve.",
-    "CheckpointStragglerNode": "{{ $labels.training_job }}: {{ $labels.instance }} finished writing {{ $value | humanizeDuration }} after the first node.",
-    "CheckpointExporterDown": "checkpoint-exporter {{ $labels.instance }} is down or not scraped.",
+    "CheckpointStragglerNode": "{{ $labels.training_job }}: {{ $labels.instance }} finished writing its part of the newest save {{ $value | humanizeDuration }} after the first node.",
+    "CheckpointExporterDown": "checkpoint-exporter {{ $labels.instance }} is down; other exporters still watch the shared trees, this node's spool and staging tiers are not read.",
+    "CheckpointJobUnmonitored": "{{ with $labels.training_job }}{{ . }}: every checkpoint-exporter that watched it is down, and no other watches it: none of its checkpoint alerts can fire.{{ else }}No checkpoint-exporter is scraped at all: no checkpoint alert can fire.{{ end }}",
+    "CheckpointShardUnmonitored": "Shard {{ $labels.shard }} of {{ $labels.shards }}: every replica is down; the jobs of that shard are not watched.",
     "CheckpointCollectorFailing": "checkpoint-exporter {{ $labels.instance }}: collector {{ $labels.collector }} is failing.",
-    "CheckpointDeadlineBudgetBurn": "{{ $labels.training_job }}: {{ $value | humanizePercentage }} of saves miss the deadline, against an SLO of {target}.",
+    "CheckpointDeadlineBudgetBurn": "{{ $labels.training_job }}: {{ $value | humanizePercentage }} of saves missed the deadline over {long} (and over {short}), against an SLO of {target}.",
     "CheckpointRetentionExceeded": "{{ $labels.training_job }}: {{ $value }} generations are retained, more than its limit.",
     "CheckpointNoRecoverableGeneration": "{{ $labels.training_job }}: no committed checkpoint that passes validation is left to restore from.",
     "CheckpointStorageClockSkew": "{{ $labels.training_job }} on {{ $labels.instance }}: file times are {{ $value | humanizeDuration }} off this node's clock; ages, and time windows from disk alone, are off by as much.",
     "CheckpointIntervalOffOptimum": "{{ $labels.training_job }}: the configured interval is {{ $value | printf \"%.2f\" }}x the recommended one (Young's interval for its measured save cost, mean over a day, and its mtbf; or the save's own duration when longer); the GPU time lost to saving and to recomputing after failures is above the optimum's.",
+    "CheckpointJobAbandoned": "{{ $labels.training_job }}: no sign of life for {{ $value | humanizeDuration }} (no heartbeat, no spool event, no write in its tree), longer than its abandon_after, and it never said it finished: its checkpoint alerts no longer page. Mark it finished or remove it from the config.",
+    "CheckpointJobsNotWatched": "checkpoint-exporter {{ $labels.instance }}: {{ $value }} job directories under {{ $labels.root }} are not watched (over max_jobs; the newest are watched).",
+    "CheckpointTreeUnreadable": "{{ $labels.training_job }} ({{ $labels.tier }} tier) on {{ $labels.instance }}: {{ $value }} directories cannot be read by the exporter; what is below them is not seen.",
+    "CheckpointSpoolUnwritable": "checkpoint-exporter {{ $labels.instance }}: training jobs cannot write the event spool (missing, or not mode 1733); the save clocks of instrumented jobs on this node are lost.",
     "CheckpointDataStale": "{{ $labels.training_job }} ({{ $labels.tier }} tier): no exporter has confirmed its view for {{ $value | humanizeDuration }}; its other checkpoint alerts cannot be trusted, and the age-based ones hold back until it is fresh again.",
     "CheckpointMountStuck": "{{ $labels.mountpoint }} on {{ $labels.instance }}: a scan or statvfs has not answered within its budget (or statvfs fails); the jobs on it are not updated.",
     "CheckpointExporterBadConfig": "checkpoint-exporter {{ $labels.instance }}: the last configuration reload failed; it runs the previous configuration, and a restart would fail.",
@@ -322,17 +503,19 @@ _DESCRIPTIONS = {
 # scrapes the exporter evaluates them. Every other alert is on a training_job as a whole, from
 # every exporter that sees it (deduplicated, compared across nodes): per job.
 NODE_ALERTS = frozenset({
-    "CheckpointDrainFallingBehind", "CheckpointDrainStalled", "CheckpointCapacityFillingUp",
-    "CheckpointExporterDown", "CheckpointCollectorFailing", "CheckpointStorageClockSkew",
-    "CheckpointMountStuck", "CheckpointExporterBadConfig", "CheckpointExporterNotReady",
+    "CheckpointDrainFallingBehind", "CheckpointDrainStalled", "CheckpointDrainLostGeneration",
+    "CheckpointCapacityFillingUp", "CheckpointExporterDown", "CheckpointCollectorFailing",
+    "CheckpointStorageClockSkew", "CheckpointMountStuck", "CheckpointExporterBadConfig",
+    "CheckpointExporterNotReady", "CheckpointJobsNotWatched", "CheckpointTreeUnreadable",
+    "CheckpointSpoolUnwritable",
 })  # fmt: skip
 NODE, JOB = "node", "job"
 SCOPES = (NODE, JOB)
 
 
 def _alerts(c: MixinConfig, scope: str) -> list[dict[str, Any]]:
-    exprs = _alert_exprs(c)
-    rules = []
+    all_rules = _alert_rules(c)
+    out = []
     for name, (_, _, summary) in ALERTS.items():
         if (name in NODE_ALERTS) != (scope == NODE):
             continue
@@ -340,21 +523,26 @@ def _alerts(c: MixinConfig, scope: str) -> list[dict[str, Any]]:
             _DESCRIPTIONS[name]
             .replace("{window}", c.event_window)
             .replace("{target}", f"{c.slo_target:.2%}")
+            .replace("{running}", RUNNING_BY_SCHEDULER if c.job_running else RUNNING_BY_SIGNS)
         )
-        rules.append(
-            {
-                "alert": name,
-                "expr": exprs[name],
-                "for": c.for_of(name),
-                "labels": {"severity": c.severity_of(name)},
-                "annotations": {
-                    "summary": summary,
-                    "description": description,
-                    "runbook_url": c.runbook(name),
-                },
-            }
-        )
-    return rules
+        for rule in all_rules[name]:
+            words = description
+            for word, value in rule.words.items():
+                words = words.replace(word, value)
+            out.append(
+                {
+                    "alert": name,
+                    "expr": rule.expr,
+                    "for": c.for_of(name),
+                    "labels": {"severity": rule.severity or c.severity_of(name), **rule.labels},
+                    "annotations": {
+                        "summary": summary,
+                        "description": words,
+                        "runbook_url": c.runbook(name),
+                    },
+                }
+            )
+    return out
 
 
 def group_name(scope: str, kind: str) -> str:
@@ -369,12 +557,11 @@ def rule_groups(config: MixinConfig | None = None, scope: str | None = None) -> 
     c = config or MixinConfig()
     recording = {NODE: _node_recording(c), JOB: _job_recording(c)}
     groups: list[dict[str, Any]] = []
+    daily = {NODE: _node_daily(c), JOB: _job_daily(c)}
     for each in SCOPES if scope is None else (scope,):
-        if each == NODE:
-            groups.append(
-                {"name": group_name(NODE, "daily"), "interval": DAILY_INTERVAL,
-                 "rules": _node_daily(c)}
-            )  # fmt: skip
+        groups.append(
+            {"name": group_name(each, "daily"), "interval": DAILY_INTERVAL, "rules": daily[each]}
+        )
         groups.append({"name": group_name(each, "rules"), "rules": recording[each]})
         groups.append({"name": group_name(each, "alerts"), "rules": _alerts(c, each)})
     return {"groups": groups}
