@@ -128,7 +128,7 @@ def _parent_beneath(relative: str, dir_fd: int) -> tuple[int, str]:
     if ".." in parts:
         raise NotBeneath(relative, "leads out of its directory: not followed")
     *directories, name = parts or ["."]
-    current = open_directory(".", dir_fd=dir_fd)
+    current = os.dup(dir_fd)  # closed as each step's child replaces it; the caller's stays
     try:
         for depth, part in enumerate(directories, 1):
             try:

@@ -28,7 +28,7 @@ from checkpoint_exporter.sources.layouts.base import (
     Check,
 )
 from checkpoint_exporter.sources.listing import Dir
-from checkpoint_exporter.sources.untrusted import json_value
+from checkpoint_exporter.sources.untrusted import INT64_MAX, bounded_int, json_value
 
 MISSING_SHARD = "missing_shard"
 TRUNCATED_SHARD = "truncated_shard"  # shorter than its own metadata or header says
@@ -131,14 +131,16 @@ def validate(root: str, checks: Sequence[Check], limits: Limits | None = None) -
 
 
 def _listed_sizes(listing: Dir | None) -> dict[str, int]:
-    return listing.file_sizes() if listing is not None else {}
+    """Size by relative path of every regular file below the listed directory: the listing
+    lstat-ed each and entered no symlink."""
+    return {relative: size for relative, size, _ in listing.walk()} if listing is not None else {}
 
 
 def _size(path: str, relative: str, listed: dict[str, int]) -> int:
     """The size of the regular file ``relative`` names below the directory ``path`` (a name
     read inside the checkpoint): the listing's, else an lstat beneath ``path`` that follows no
     symlink, when it looks too small or is not listed."""
-    if relative in listed:  # a name with "/" is never in one directory's listing
+    if relative in listed:
         return listed[relative]
     try:
         with _directory(path) as directory:
@@ -251,8 +253,8 @@ def _safetensors(path: str, check: Check, limits: Limits) -> None:
             ends = [
                 entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"
             ]
-            if not all(isinstance(end, int) and not isinstance(end, bool) for end in ends):
-                raise ValueError("data_offsets are not integers")
+            if not all(bounded_int(end, INT64_MAX) is not None for end in ends):
+                raise ValueError("data_offsets are not integers from 0 to 2**63 - 1")
         except (ValueError, TypeError, KeyError, IndexError, AttributeError) as error:
             raise _Invalid(BAD_METADATA, f"{check.path}: unreadable header ({error})") from None
         needed = 8 + header_length + max(ends, default=0)
