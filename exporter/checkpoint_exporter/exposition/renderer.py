@@ -14,10 +14,15 @@ Prometheus text and OpenMetrics alike.
 The exporter's own process metrics (process_*, python_*), on by default as in node_exporter,
 come from prometheus_client's collectors in a private registry, freshly on every scrape, and
 are appended through the same encoders.
+
+A sample no encoder can write (a value no float holds: a tenant's ``global_step`` of 10**400
+that a reader let through) would fail its whole collector, for every job. The renderer drops
+that one series instead, logs it once, and serves the rest.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 import logging
 import platform
@@ -31,6 +36,7 @@ from typing import TypeVar
 from prometheus_client import GCCollector, PlatformCollector, ProcessCollector
 from prometheus_client.core import Metric
 from prometheus_client.registry import CollectorRegistry
+from prometheus_client.samples import Sample
 
 from checkpoint_exporter import __version__
 from checkpoint_exporter.exposition.collectors.base import (
@@ -52,6 +58,11 @@ EncoderKey = Hashable
 # Encoders whose renders are kept: each format and escaping a scraper asks for is one; a
 # scraper cycling through Accept variants evicts the least recently used.
 MAX_ENCODERS = 8
+# Dropped series logged, each once; past this many, more are dropped without a word.
+MAX_LOGGED_DROPS = 1024
+# Labels that tell apart the samples of one series (a histogram's buckets, a summary's
+# quantiles): a series is dropped whole.
+_WITHIN_SERIES = frozenset({"le", "quantile"})
 
 
 def encoder_key(encoder: Encoder) -> EncoderKey:
@@ -98,6 +109,29 @@ def _split(encoded: bytes) -> tuple[bytes, bytes]:
     return b"".join(header), b"".join(samples)
 
 
+def _unwritable(value: object) -> bool:
+    """Whether no encoder can write ``value`` (every one writes it through float())."""
+    if type(value) is float:  # the common case, cheaply
+        return False
+    try:
+        float(value)  # type: ignore[arg-type]
+    except (OverflowError, TypeError, ValueError):
+        return True
+    return False
+
+
+def _series(sample: Sample) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((k, v) for k, v in sample.labels.items() if k not in _WITHIN_SERIES))
+
+
+def _described(value: object) -> str:
+    """A value for the log, never its digits: a 10**400 would make a 401-character line (and
+    one of over 4,300 digits cannot become text at all)."""
+    if isinstance(value, int):
+        return f"an integer of {value.bit_length()} bits"
+    return f"a {type(value).__name__}"
+
+
 def _build_info() -> Metric:
     build = BUILD_INFO.family()
     build.add_metric([__version__, platform.python_version()], 1)
@@ -124,6 +158,7 @@ class Renderer:
         # The last snapshot's body per encoder, least recently used first.
         self._bodies: OrderedDict[EncoderKey, tuple[Snapshot, bytes]] = OrderedDict()
         self._lock = threading.Lock()
+        self._logged_drops: set[tuple[str, str, tuple[tuple[str, str], ...]]] = set()
         self.jobs_rendered = 0  # jobs rendered afresh, for tests and benchmarks
         self.bodies_rendered = 0  # snapshots rendered afresh
 
@@ -141,7 +176,7 @@ class Renderer:
         interface, for a registry (``metrics.build_registry``) and for the tests that hold
         ``render`` to it byte for byte."""
         snapshot = self.snapshot()
-        families, tail = self._each_collector(lambda c: list(c.collect(snapshot)))
+        families, tail = self._each_collector(lambda c: self._families(c, snapshot))
         return [_build_info(), *families, *tail, *self._runtime_families()]
 
     def _runtime_families(self) -> list[Metric]:
@@ -212,9 +247,9 @@ class Renderer:
         self, collector: SnapshotCollector, snapshot: Snapshot, encoder: Encoder, key: EncoderKey
     ) -> list[bytes]:
         if not collector.per_job:
-            return [_without_eof(_encode(encoder, list(collector.collect(snapshot))))]
+            return [_without_eof(_encode(encoder, self._families(collector, snapshot)))]
         # Without jobs: the families' headers, and whether the collector has data at all.
-        empty = list(collector.collect(replace(snapshot, jobs=())))
+        empty = self._families(collector, replace(snapshot, jobs=()))
         headers = self._headers.get((key, collector.name))
         if headers is None or len(headers) != len(empty):
             headers = [_split(_encode(encoder, [family]))[0] for family in empty]
@@ -239,11 +274,34 @@ class Renderer:
             and cached[1] == snapshot.telemetry
         ):
             return cached[2]
-        families = list(collector.collect(replace(snapshot, jobs=(job,))))
+        families = self._families(collector, replace(snapshot, jobs=(job,)))
         lines = [_split(_encode(encoder, [family]))[1] for family in families]
         self._jobs[key] = (job.version, snapshot.telemetry, lines)
         self.jobs_rendered += 1
         return lines
+
+    def _families(self, collector: SnapshotCollector, snapshot: Snapshot) -> list[Metric]:
+        """What ``collector`` says of ``snapshot``, less the series no encoder can write."""
+        return [self._writable(collector.name, f) for f in collector.collect(snapshot)]
+
+    def _writable(self, collector: str, family: Metric) -> Metric:
+        """``family`` without its series that hold a sample no encoder can write: a copy, as
+        the collector may keep and reuse its own."""
+        bad = {_series(s): s.value for s in family.samples if _unwritable(s.value)}
+        if not bad:
+            return family
+        for series, value in bad.items():
+            key = (collector, family.name, series)
+            if key not in self._logged_drops and len(self._logged_drops) < MAX_LOGGED_DROPS:
+                self._logged_drops.add(key)
+                log.warning(
+                    "series dropped: collector=%s metric=%s labels=%s: its value, %s, is no "
+                    "number a float holds; the collector's other series are served",
+                    collector, family.name, dict(series), _described(value),
+                )  # fmt: skip
+        kept = copy.copy(family)
+        kept.samples = [s for s in family.samples if _series(s) not in bad]
+        return kept
 
     def _forget_gone(self, snapshot: Snapshot) -> None:
         if len(self._jobs) > len(snapshot.jobs) * len(self._collectors) * 2:

@@ -24,7 +24,7 @@ import os
 import pickletools
 import struct
 
-from checkpoint_exporter.sources import fsread
+from checkpoint_exporter.sources import fsread, untrusted
 
 KEY = "global_step"
 TAIL_BYTES = 22 + 65535  # the end record plus the longest comment
@@ -215,12 +215,13 @@ def pickle_step(data: bytes, key: str = KEY, opcodes: int = OPCODES) -> int | No
     is its own only when a SETITEMS on the dict's own mark (or a SETITEM right on the dict)
     takes it: until then an int on the stack may still become part of a nested tuple or dict,
     so the scan reads up to the first batch that holds ``key``. None when the pickle is not a
-    dict, holds no int under ``key``, is cut short, or needs more than ``opcodes`` opcodes."""
+    dict, holds no int under ``key`` (or one no step can be: negative, past 2**53), is cut
+    short, or needs more than ``opcodes`` opcodes."""
     try:
         step = _pickle_step(data, key, opcodes)
     except (_Unexpected, ValueError, TypeError, IndexError, KeyError, OverflowError, EOFError):
         return None  # pickletools' readers raise ValueError on cut or malformed arguments
-    return step if step is not None and step >= 0 else None  # a step is never negative
+    return untrusted.step(step)  # never negative; a float holds it exactly
 
 
 def _pickle_step(data: bytes, key: str, limit: int) -> int | None:

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from checkpoint_exporter.sources import fsread
+from checkpoint_exporter.sources.untrusted import INT64_MAX
 
 DEFAULT_SIZE_LIMIT = 256 * 1024 * 1024
 # Address space of the parsing worker in all (scan.metadata_memory_bytes): the interpreter
@@ -235,8 +236,10 @@ def loads(data: bytes) -> DcpMetadata:
             or not isinstance(length, int)
         ):
             raise MetadataError("a storage record lacks relative_path, offset or length")
-        if offset < 0 or length < 0:
-            raise MetadataError(f"negative offset or length for {relative!r}")
+        if not (0 <= offset <= INT64_MAX and 0 <= length <= INT64_MAX):
+            # Negative, or past any file: a length of 2**20000 made the worker's JSON reply
+            # and every message naming it fail (no int of over 4,300 digits becomes text).
+            raise MetadataError(f"offset or length out of range for {relative!r}")
         key = _inside(relative)
         shards[key] = max(shards.get(key, 0), offset + length)
     storage_meta = root.get("storage_meta")

@@ -12,7 +12,8 @@ import hashlib
 import os
 import struct
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import checkpoint_exporter.sources.layouts.dcp as dcp_layout
@@ -27,7 +28,7 @@ from checkpoint_exporter.sources.layouts.base import (
     Check,
 )
 from checkpoint_exporter.sources.listing import Dir
-from checkpoint_exporter.sources.untrusted import json_value
+from checkpoint_exporter.sources.untrusted import INT64_MAX, bounded_int, json_value
 
 MISSING_SHARD = "missing_shard"
 TRUNCATED_SHARD = "truncated_shard"  # shorter than its own metadata or header says
@@ -85,6 +86,9 @@ def _failed(error: OSError | UnicodeError, label: str, reason: str) -> Exception
         return _Invalid(BAD_METADATA, f"names a path no filesystem can hold: {label!r}")
     if isinstance(error, PermissionError):
         return error  # the exporter's user may not read it: skipped and said (validate)
+    if isinstance(error, fsread.NotBeneath):  # never followed, wherever it points
+        detail = error.strerror if error.component == label else f"{label}: {error.strerror}"
+        return _Invalid(MISSING_SHARD, detail)
     if isinstance(error, FileNotFoundError) or error.errno in _NOT_THERE:
         return _Invalid(MISSING_SHARD, f"{label} is missing ({error.strerror or error})")
     if isinstance(error, fsread.NotRegularFile):
@@ -127,17 +131,33 @@ def validate(root: str, checks: Sequence[Check], limits: Limits | None = None) -
 
 
 def _listed_sizes(listing: Dir | None) -> dict[str, int]:
-    return listing.file_sizes() if listing is not None else {}
+    """Size by relative path of every regular file below the listed directory: the listing
+    lstat-ed each and entered no symlink."""
+    return {relative: size for relative, size, _ in listing.walk()} if listing is not None else {}
 
 
 def _size(path: str, relative: str, listed: dict[str, int]) -> int:
-    """A file's size: the listing's, confirmed with one lstat when it looks too small or absent."""
-    if relative in listed:  # a name with "/" is never in one directory's listing
+    """The size of the regular file ``relative`` names below the directory ``path`` (a name
+    read inside the checkpoint): the listing's, else an lstat beneath ``path`` that follows no
+    symlink, when it looks too small or is not listed."""
+    if relative in listed:
         return listed[relative]
     try:
-        return os.lstat(os.path.join(path, relative)).st_size
+        with _directory(path) as directory:
+            return fsread.stat_regular_beneath(relative, directory).st_size
     except (OSError, UnicodeError) as error:
         raise _failed(error, relative, MISSING_SHARD) from None
+
+
+@contextmanager
+def _directory(path: str) -> Iterator[int]:
+    """A descriptor of ``path``, the directory a check was handed (reached safely by its caller:
+    the scanner hands /proc/self/fd/N of a descriptor it opened beneath the tier root)."""
+    fd = fsread.open_directory(path, follow_symlink=True)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
 
 
 def _dcp(path: str, check: Check, limits: Limits) -> None:
@@ -233,8 +253,8 @@ def _safetensors(path: str, check: Check, limits: Limits) -> None:
             ends = [
                 entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"
             ]
-            if not all(isinstance(end, int) and not isinstance(end, bool) for end in ends):
-                raise ValueError("data_offsets are not integers")
+            if not all(bounded_int(end, INT64_MAX) is not None for end in ends):
+                raise ValueError("data_offsets are not integers from 0 to 2**63 - 1")
         except (ValueError, TypeError, KeyError, IndexError, AttributeError) as error:
             raise _Invalid(BAD_METADATA, f"{check.path}: unreadable header ({error})") from None
         needed = 8 + header_length + max(ends, default=0)
@@ -279,26 +299,31 @@ def _integrity(path: str, check: Check, limits: Limits) -> None:
     files = manifest.get("files") if isinstance(manifest, dict) else None
     if not isinstance(files, dict) or manifest.get("algorithm", "sha256") != "sha256":
         raise _Invalid(BAD_METADATA, f"{check.path}/integrity.json is not a sha256 manifest")
-    for name, expected in sorted(files.items()):
-        if (
-            not isinstance(name, str)
-            or os.path.isabs(name)
-            or ".." in name.split("/")
-            or "\0" in name
-        ):
-            raise _Invalid(BAD_METADATA, f"integrity.json names {name!r}, outside the checkpoint")
-        try:
-            actual = _sha256(os.path.join(path, name), limits.checksum_bytes_per_second)
-        except (OSError, UnicodeError) as error:
-            raise _failed(error, name, MISSING_SHARD) from None
-        if actual != str(expected).lower():
-            raise _Invalid(CHECKSUM, f"{name}: sha256 {actual} does not match the manifest")
+    try:
+        with _directory(path) as directory:
+            for name, expected in sorted(files.items()):
+                _compare_sha256(name, expected, directory, limits)
+    except (OSError, UnicodeError) as error:  # the generation's own directory
+        raise _failed(error, check.path, MISSING_SHARD) from None
 
 
-def _sha256(path: str, bytes_per_second: float) -> str:
-    """The file's sha256, reading no faster than ``bytes_per_second`` (0: unlimited)."""
+def _compare_sha256(name: object, expected: object, directory: int, limits: Limits) -> None:
+    """One manifest entry: ``name`` read beneath ``directory``, its digest against ``expected``."""
+    if not isinstance(name, str) or _outside(name):
+        raise _Invalid(BAD_METADATA, f"integrity.json names {name!r}, outside the checkpoint")
+    try:
+        actual = _sha256(name, directory, limits.checksum_bytes_per_second)
+    except (OSError, UnicodeError) as error:
+        raise _failed(error, name, MISSING_SHARD) from None
+    if actual != str(expected).lower():
+        raise _Invalid(CHECKSUM, f"{name}: sha256 {actual} does not match the manifest")
+
+
+def _sha256(relative: str, dir_fd: int, bytes_per_second: float) -> str:
+    """The sha256 of the file ``relative`` names beneath ``dir_fd`` (never through a symlink),
+    reading no faster than ``bytes_per_second`` (0: unlimited)."""
     digest = hashlib.sha256()
-    fd = fsread.open_regular(path)
+    fd = fsread.open_regular_beneath(relative, dir_fd)
     started, done = time.monotonic(), 0
     try:
         while chunk := os.read(fd, 4 << 20):

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from checkpoint_exporter.model import ABORTED, COMMITTED, WRITING  # noqa: F401 - re-exported
 from checkpoint_exporter.sources.listing import Dir
+from checkpoint_exporter.sources.untrusted import step_digits
 
 # Check kinds the validator knows (validate.py); each names a path below the tier root.
 DCP = "dcp"  # .metadata against the shards it names
@@ -71,9 +72,9 @@ _TRAILING_NUMBER = re.compile(r"(\d+)$")
 
 
 def trailing_step(name: str) -> int | None:
-    """``step-100``, ``global_step100``, ``iter_0000100``, ``100`` -> 100."""
+    """``step-100``, ``global_step100``, ``iter_0000100``, ``100`` -> 100 (None past 2**53)."""
     match = _TRAILING_NUMBER.search(name)
-    return int(match.group(1)) if match else None
+    return step_digits(match.group(1)) if match else None
 
 
 def join(prefix: str, name: str) -> str:

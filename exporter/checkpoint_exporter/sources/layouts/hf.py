@@ -78,6 +78,7 @@ from checkpoint_exporter.sources.layouts.base import (
     settling_generation,
 )
 from checkpoint_exporter.sources.listing import FILE, Dir
+from checkpoint_exporter.sources.untrusted import step_digits
 
 NAME = "hf"
 STATE = "trainer_state.json"
@@ -121,10 +122,10 @@ def parse(root: Dir, options: Options) -> list[Found]:
     found = []
     for name, child in root.dirs():
         if staging := _STAGING.fullmatch(name):
-            step = int(staging.group(1)) if staging.group(1).isdigit() else None
+            step = step_digits(staging.group(1))
             found.append(generation(name, child, step, WRITING))
         elif match := _CHECKPOINT.fullmatch(name):
-            found.append(checkpoint(name, child, int(match.group(1)), trainer_tree))
+            found.append(checkpoint(name, child, step_digits(match.group(1)), trainer_tree))
         elif holds_model(child):
             found.append(saved_model(name, child, None))
     if holds_model(root):
@@ -132,7 +133,7 @@ def parse(root: Dir, options: Options) -> list[Found]:
     return found
 
 
-def checkpoint(name: str, listing: Dir, step: int, trainer_tree: bool) -> Found:
+def checkpoint(name: str, listing: Dir, step: int | None, trainer_tree: bool) -> Found:
     """A ``checkpoint-N`` directory: the Trainer's (marker) or save_pretrained's (settles)."""
     state = listing.file(STATE)
     if state is not None and not listing.has_file(INCOMPLETE):

@@ -67,6 +67,7 @@ from checkpoint_exporter.sources.layouts.base import (
     settling_generation,
 )
 from checkpoint_exporter.sources.listing import FILE, Dir
+from checkpoint_exporter.sources.untrusted import step_digits
 
 NAME = "lightning"
 SUFFIX = ".ckpt"
@@ -76,7 +77,7 @@ _STEP = re.compile(r"(?<!\w)step=(\d+)")  # `epoch=3-step=1000`, not `global_ste
 
 def _step(name: str) -> int | None:
     match = _STEP.search(name)
-    return int(match.group(1)) if match else None
+    return step_digits(match.group(1)) if match else None
 
 
 def _file_checks(path: str, step: int | None) -> tuple[Check, ...]:

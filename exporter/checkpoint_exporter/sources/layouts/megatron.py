@@ -56,7 +56,7 @@ from checkpoint_exporter.sources.layouts.base import (
     zip_checks,
 )
 from checkpoint_exporter.sources.listing import Dir
-from checkpoint_exporter.sources.untrusted import decimal
+from checkpoint_exporter.sources.untrusted import step_digits
 
 NAME = "megatron"
 TRACKER = "latest_checkpointed_iteration.txt"
@@ -72,14 +72,15 @@ LEGACY, TORCH_DIST, PLAIN_DCP = "torch", "torch_dist", "torch_dcp"
 
 
 def tracked_iteration(root: Dir) -> int | str | None:
-    """The tracker's value: an iteration, ``release``, or None (absent, empty or unreadable)."""
+    """The tracker's value: an iteration, ``release``, or None (absent, empty, unreadable, or
+    an iteration past 2**53)."""
     content = root.contents.get(TRACKER)
     if content is None:
         return None
     text = content.decode("utf-8", "replace").strip()
     if text == RELEASE:
         return RELEASE
-    return decimal(text)
+    return step_digits(text)
 
 
 def _format(listing: Dir, torch_dist_run: bool) -> str:
@@ -128,13 +129,13 @@ def parse(root: Dir, options: Options) -> list[Found]:
     torch_dist_run = any(child.has_file(CONFIG) for _, child, _ in iterations)
     found = []
     for name, child, match in iterations:
-        step = int(match.group(1)) if match else None
+        step = step_digits(match.group(1)) if match else None
         kind = _format(child, torch_dist_run)
         completed_at = _completed_at(child, kind)
-        if step is None:  # release: converted once, before any tracker that names an iteration
+        if match is None:  # release: converted once, before any tracker that names an iteration
             reached = tracked is not None
-        else:
-            reached = not isinstance(tracked, int) or step <= tracked
+        else:  # an iteration past 2**53 (step unknown) is beyond any tracker's
+            reached = not isinstance(tracked, int) or (step is not None and step <= tracked)
         if completed_at is not None and reached:
             if tracker_file is not None and step is not None and step == tracked:
                 completed_at = max(completed_at, tracker_file[1])  # the tracker is last

@@ -56,6 +56,7 @@ from checkpoint_exporter.sources.layouts.base import (
     join,
 )
 from checkpoint_exporter.sources.listing import FILE, Dir
+from checkpoint_exporter.sources.untrusted import step_digits
 
 NAME = "nemo"
 UNFINISHED = "-unfinished"
@@ -101,7 +102,7 @@ def parse(root: Dir, options: Options) -> list[Found]:
         if not _is_checkpoint(name, child, markers):
             continue
         match = _STEP.search(name)
-        step = int(match.group(1)) if match else None
+        step = step_digits(match.group(1)) if match else None
         marker = root.file(_marker_name(name))
         if marker is not None:
             newest = _newest_file(child)

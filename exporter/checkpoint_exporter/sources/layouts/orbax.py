@@ -54,7 +54,7 @@ from checkpoint_exporter.sources.layouts.base import (
     generation,
 )
 from checkpoint_exporter.sources.listing import Dir
-from checkpoint_exporter.sources.untrusted import finite_number, json_value
+from checkpoint_exporter.sources.untrusted import INT64_MAX, finite_number, json_value, step_digits
 
 NAME = "orbax"
 TMP_SUFFIX = ".orbax-checkpoint-tmp"
@@ -86,14 +86,20 @@ def _metadata(listing: Dir) -> _Metadata:
         return _Metadata(present=True, unreadable=True)
     if not isinstance(data, dict):
         return _Metadata(present=True, unreadable=True)
-    init = finite_number(data.get("init_timestamp_nsecs"))
-    commit = finite_number(data.get("commit_timestamp_nsecs"))
+    init = _seconds(data.get("init_timestamp_nsecs"))
+    commit = _seconds(data.get("commit_timestamp_nsecs"))
     return _Metadata(
         present=True,
-        init=init / 1e9 if init is not None else None,
-        commit=commit / 1e9 if commit is not None else None,
+        init=init,
+        commit=commit,
         commit_pending="commit_timestamp_nsecs" in data and data["commit_timestamp_nsecs"] is None,
     )
+
+
+def _seconds(nanoseconds: object) -> float | None:
+    """A timestamp Orbax wrote (``time.time_ns()``): int64 nanoseconds from 0, else none."""
+    number = finite_number(nanoseconds)
+    return number / 1e9 if number is not None and 0 <= number <= INT64_MAX else None
 
 
 def _committed(child: Dir, metadata: _Metadata, commit_files: bool) -> bool:
@@ -126,7 +132,7 @@ def parse(root: Dir, options: Options) -> list[Found]:
     committed: list[Found] = []
     uncommitted: list[tuple[str, Dir, int | None, float | None]] = []
     for name, child in steps.items():
-        step = int(_STEP_DIR.fullmatch(name).group(1))  # type: ignore[union-attr]
+        step = step_digits(_STEP_DIR.fullmatch(name).group(1))  # type: ignore[union-attr]
         metadata = _metadata(child)
         if not _committed(child, metadata, commit_files):
             uncommitted.append((name, child, step, metadata.init))
@@ -144,7 +150,7 @@ def parse(root: Dir, options: Options) -> list[Found]:
     for name, child in root.dirs():
         if TMP_SUFFIX in name:
             match = _TMP_STEP.fullmatch(name) or _TMP_STEP.match(name)
-            step = int(match.group(1)) if match else None
+            step = step_digits(match.group(1)) if match else None
             uncommitted.append((name, child, step, _metadata(child).init))
     newest = max((f.step for f in committed if f.step is not None), default=-1)
     found = committed

@@ -41,6 +41,7 @@ from checkpoint_exporter.sources.layouts.base import (
     join,
 )
 from checkpoint_exporter.sources.listing import Dir
+from checkpoint_exporter.sources.untrusted import step_digits
 
 NAME = "torchtitan"
 FOLDER = "checkpoint"
@@ -75,7 +76,7 @@ def parse(root: Dir, options: Options) -> list[Found]:
         match = _STEP.fullmatch(name)
         if match is None:
             continue
-        gen_id, step = join(prefix, name), int(match.group(1))
+        gen_id, step = join(prefix, name), step_digits(match.group(1))
         index = child.file(HF_INDEX)
         if dcp.commit_time(child) is None and index is not None:
             check = Check(SAFETENSORS_INDEX, join(gen_id, HF_INDEX), child)
