@@ -4,6 +4,7 @@ the systemd unit structural, capped, and the first thing the OOM killer takes.""
 
 from __future__ import annotations
 
+import argparse
 import re
 import shlex
 
@@ -30,7 +31,7 @@ def _bytes(quantity: str) -> int:
     return int(match.group(1)) * _UNITS[match.group(2)]
 
 
-def _drill_args(argv: list[str]):
+def _drill_args(argv: list[str]) -> argparse.Namespace:
     try:
         return build_parser().parse_args(argv)
     except SystemExit:

@@ -511,8 +511,6 @@ def _reader(directory: str, metadata: Any) -> Any:
 
 
 def _load_dcp(directory: str, tally: _Tally) -> None:
-    import torch
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     metadata = dcp_metadata_for_load(directory)
@@ -526,33 +524,50 @@ def _load_dcp(directory: str, tally: _Tally) -> None:
     budget = max(0, (tally.max_bytes - _status_bytes("VmRSS") - _HEADROOM) // 2)
     tally.batch_budget = max(tally.batch_budget, budget)
     batches, alone = batch_keys(list(sizes.items()), budget)
-    reader = _reader(directory, metadata)
+    _load_batches(directory, metadata, batches, tally)
+    tally.tensor_bytes += sum(sizes[key] for batch in batches for key in batch)
+    tally.unparsed += len(alone)
+    tally.objects += len([key for key in entries if key not in sizes])
+    _read_the_rest(directory, metadata, {key for batch in batches for key in batch}, sizes, tally)
+
+
+def _load_batches(directory: str, metadata: Any, batches: list[list[str]], tally: _Tally) -> None:
+    """Each batch into tensors of its own, with torch.distributed.checkpoint, then freed."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    entries, reader = metadata.state_dict_metadata, _reader(directory, metadata)
     for batch in batches:
         state = {key: torch.empty(entries[key].size, dtype=entries[key].properties.dtype)
                  for key in batch}  # fmt: skip
         dcp.load(state, storage_reader=reader, no_dist=True)
         tally.tensors += len(batch)
-        tally.tensor_bytes += sum(sizes[key] for key in batch)
         tally.batches += 1
         del state
         _give_back_memory()
-    loaded = {key for batch in batches for key in batch}
-    files = {info.relative_path for info in metadata.storage_data.values()}
-    read = {i.relative_path for index, i in metadata.storage_data.items() if index.fqn in loaded}
-    unparsed = [(index, info) for index, info in metadata.storage_data.items()
-                if index.fqn not in loaded]  # fmt: skip
-    for _, info in unparsed:
+
+
+def _read_the_rest(
+    directory: str, metadata: Any, loaded: set[str], sizes: dict[str, int], tally: _Tally
+) -> None:
+    """Every stored piece not loaded read as bytes (tensors too large for a batch, non-tensor
+    values, pieces no key names), so that every shard file is read."""
+    storage = metadata.storage_data
+    read = {info.relative_path for index, info in storage.items() if index.fqn in loaded}
+    for index, info in storage.items():
+        if index.fqn in loaded:
+            continue
         fd = fsread.open_regular(os.path.join(directory, info.relative_path))
         try:
             _read_range(fd, info.offset, info.length, info.relative_path)
         finally:
             os.close(fd)
         read.add(info.relative_path)
-    tally.unparsed += len(alone)
-    tally.unparsed_bytes += sum(i.length for x, i in unparsed if x.fqn in sizes)
-    tally.objects += len([key for key in entries if key not in sizes])
-    tally.object_bytes += sum(i.length for x, i in unparsed if x.fqn not in sizes)
-    tally.shards += len(files)
+        if index.fqn in sizes:
+            tally.unparsed_bytes += info.length
+        else:
+            tally.object_bytes += info.length
+    tally.shards += len({info.relative_path for info in storage.values()})
     tally.shards_read += len(read)
 
 
