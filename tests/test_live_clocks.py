@@ -3,7 +3,7 @@
 A 2-process gloo job saves through instrument.save, instrument.async_save (a plain Future) and
 instrument.async_save with DefaultStager async staging (an AsyncSaveResponse); a running exporter
 tails its spool. Then restore drills, structural and --full, succeed on a good generation and
-fail, counted, on a truncated one.
+fail, counted, on a truncated one; --full without torch is not a failed restore.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import CLI, REPO, Exporter, sample, wait_for, write_config
+from tests.helpers.drill import hidden_torch
 
 pytestmark = [pytest.mark.torch, pytest.mark.daemon]
 
@@ -114,7 +115,8 @@ def test_restore_drills_reach_metrics(node) -> None:
 
     full = drill(config, "--full")
     assert full.returncode == 0, full.stderr
-    assert "loaded 2 tensors" in full.stderr  # one from each rank
+    assert "full restore: torch 2.13" in full.stderr
+    assert "loaded 2 tensors" in full.stdout  # one from each rank
     wait_for(
         lambda: sample(metrics(exporter), "checkpoint_restores_total", training_job="llama") == 2, 5
     )
@@ -155,19 +157,29 @@ def test_restore_drills_reach_metrics(node) -> None:
     assert drill(config, "--generation", "step-999").returncode == 1
 
 
-def test_full_drill_without_torch_never_claims_success(node, tmp_path: Path) -> None:
-    _, config, _ = node
-    blocker = tmp_path / "no-torch"
-    blocker.mkdir()
-    (blocker / "torch.py").write_text("raise ImportError('torch is not installed on this node')\n")
-    env = {**os.environ, "PYTHONPATH": str(blocker)}
+def test_full_drill_without_torch_is_not_a_failed_restore(node, tmp_path: Path) -> None:
+    """It says so, runs the structural drill (which passes here) and exits 3: neither "restored"
+    nor a failed restore the exporter would count."""
+    _, config, exporter = node
+    failures = sample(metrics(exporter), "checkpoint_restore_failures_total", training_job="llama")
+    restores = sample(metrics(exporter), "checkpoint_restores_total", training_job="llama")
     result = subprocess.run(
         [*CLI, "restore-drill", "--config.file", str(config), "--job", "llama", "--full",
          "--generation", "step-200"],
-        capture_output=True, text=True, timeout=300, env=env,
+        capture_output=True, text=True, timeout=300, env=hidden_torch(tmp_path / "no-torch"),
     )  # fmt: skip
-    assert result.returncode == 1
-    assert "--full needs torch" in result.stderr and "succeeded" not in result.stderr
+    assert result.returncode == 3, result.stderr
+    assert "torch is not installed here: --full needs it" in result.stderr
+    assert "FAILED" not in result.stderr and "loaded" not in result.stdout
+    wait_for(
+        lambda: (
+            sample(metrics(exporter), "checkpoint_restores_total", training_job="llama")
+            == restores + 1
+        ),
+        5,
+    )
+    text = metrics(exporter)
+    assert sample(text, "checkpoint_restore_failures_total", training_job="llama") == failures
 
 
 def test_unknown_job_is_a_usage_error(node) -> None:

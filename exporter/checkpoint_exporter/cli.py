@@ -246,7 +246,19 @@ def build_parser() -> argparse.ArgumentParser:
     drill.add_argument(
         "--full",
         action="store_true",
-        help="also load it with torch.distributed.checkpoint into CPU memory (needs torch)",
+        help="also read all of it in a child process: DCP tensors loaded with "
+        "torch.distributed.checkpoint in batches (needs torch; without it the structural drill "
+        "runs and the exit status is 3), torch.save files record by record, CRC-32 checked",
+    )
+    from checkpoint_exporter.restore import DEFAULT_FULL_MAX_BYTES
+
+    drill.add_argument(
+        "--full-max-bytes",
+        type=_drill_bound,
+        default=DEFAULT_FULL_MAX_BYTES,
+        metavar="BYTES",
+        help="the most memory --full's loader may take; the generation is loaded in batches "
+        f"that fit (default {DEFAULT_FULL_MAX_BYTES} = {DEFAULT_FULL_MAX_BYTES >> 30} GiB)",
     )
     demo = verbs.add_parser(
         "demo", help="a small simulated cluster on this machine, watched by the real exporter"
@@ -595,6 +607,20 @@ def _plan_measured(args: argparse.Namespace) -> Any:
         return EXIT_FAILURE
 
 
+def _drill_bound(text: str) -> int:
+    from checkpoint_exporter.restore import MIN_FULL_MAX_BYTES
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of bytes: {text!r}") from None
+    if value < MIN_FULL_MAX_BYTES:
+        raise argparse.ArgumentTypeError(
+            f"{value} bytes leaves the loader nothing beside torch: at least {MIN_FULL_MAX_BYTES}"
+        )
+    return value
+
+
 def _restore_drill(args: argparse.Namespace) -> int:
     from checkpoint_exporter.config import ConfigError, load_config
     from checkpoint_exporter.restore import run_drill
@@ -603,7 +629,7 @@ def _restore_drill(args: argparse.Namespace) -> int:
         config = load_config(args.config_file)
     except ConfigError as error:
         return _report_config_error(error)
-    return run_drill(config, args.job, args.generation, args.full)
+    return run_drill(config, args.job, args.generation, args.full, args.full_max_bytes)
 
 
 def _generate(args: argparse.Namespace) -> int:
