@@ -180,3 +180,63 @@ def test_overlapping_saves_still_writing_are_not_superseded() -> None:
     older = dcp("step-1", WRITING, T, T + 120, 1)
     tracker.observe(DURABLE, [older, dcp("step-2", COMMITTED, T + 100, T + 130, 2)], T + 131)
     assert states(tracker)["step-1"] == WRITING and tracker.state().saves_aborted == 0
+
+
+# --- time from the tenant is bounded ([tenants] item 7) -------------------------------------
+
+YEAR = 365 * 86400.0
+
+
+def test_a_file_dated_a_year_ahead_cannot_pin_the_newest_generation() -> None:
+    """`touch -d '+365 days'` on one generation's marker: it is published as committed when the
+    exporter saw it, so the next save (a higher step, committed later) is the newest, and its
+    own verdict shows."""
+    tracker = job()
+    tracker.observe(DURABLE, [], T)
+    future = dcp("step-1", COMMITTED, T - 10, T + YEAR, 1)
+    tracker.observe(DURABLE, [future], T + 1)
+    (published,) = tracker.state().generations
+    assert published.commit_time == T + 1 and published.last_write_time == T + 1
+    later = dcp("step-2", COMMITTED, T + 50, T + 60, 2)
+    tracker.observe(DURABLE, [future, later], T + 61)
+    state = tracker.state()
+    newest = max((g for g in state.generations), key=lambda g: g.commit_time or 0)
+    assert newest.id == "step-2"
+    from checkpoint_exporter.model import newest_committed
+
+    assert newest_committed(state).id == "step-2"
+
+
+def test_the_highest_step_is_newest_whatever_the_dates() -> None:
+    """A restart resumes from the highest step: an old step whose marker was touched later is
+    not the newest generation."""
+    from checkpoint_exporter.model import newest_committed
+
+    tracker = job()
+    tracker.observe(DURABLE, [], T)
+    gens = [dcp("step-5", COMMITTED, T + 1, T + 100, 5), dcp("step-9", COMMITTED, T + 2, T + 20, 9)]
+    tracker.observe(DURABLE, gens, T + 101)
+    assert newest_committed(tracker.state()).id == "step-9"
+
+
+def test_the_skew_gauge_holds_a_far_off_date_long_enough_for_its_alert() -> None:
+    """One file a year ahead, then sixteen ordinary changes: the gauge keeps the year for an
+    hour (the alert needs 15 minutes), while times are moved onto the local clock by the
+    storage's real offset, never by that one file's."""
+    from checkpoint_exporter.core.tracker import SKEW_HOLD
+
+    tracker = job()
+    tracker.observe(DURABLE, [], T)
+    now = T + 1
+    tracker.observe(DURABLE, [dcp("step-1", COMMITTED, T, T + YEAR, 1)], now)
+    gens = [dcp("step-1", COMMITTED, T, T + YEAR, 1)]
+    for step in range(2, 20):
+        now += 10
+        gens.append(dcp(f"step-{step}", COMMITTED, now - 1, now - 0.5, step))
+        tracker.observe(DURABLE, list(gens), now)
+    assert tracker.state().storage_clock_skew > YEAR - 10  # held
+    assert tracker.local_time(T + 500) == T + 500  # the real offset (-0.5 s) is latency
+    now += SKEW_HOLD + 1
+    gens.append(dcp("step-99", COMMITTED, now - 1, now - 0.5, 99))
+    tracker.observe(DURABLE, list(gens), now)
+    assert abs(tracker.state().storage_clock_skew) < 1  # an hour later: the storage's own

@@ -208,11 +208,15 @@ class _Committed(Protocol):
     step: int | None
 
 
-def restore_preference(generation: _Committed) -> tuple[float, int]:
-    """The order a restore picks committed generations in, best last: the newest commit, then
-    the highest step. The gauges (``newest_committed``) and the restore drill both use it, so
-    the generation reported restorable is the one the drill restores."""
-    return (generation.commit_time or 0.0, -1 if generation.step is None else generation.step)
+def restore_preference(generation: _Committed) -> tuple[int, float]:
+    """The order a restore picks committed generations in, best last: the highest step, then
+    the newest commit (a generation whose step is not known comes before any whose step is).
+    The writers' own resume logic picks the highest step (torchtitan, Orbax, the HF Trainer,
+    Megatron's and DeepSpeed's trackers), whatever the files' dates say: an old step touched
+    later, or a file dated a year ahead, is not the newest. The gauges (``newest_committed``)
+    and the restore drill both use it, so the generation reported restorable is the one the
+    drill restores."""
+    return (-1 if generation.step is None else generation.step, generation.commit_time or 0.0)
 
 
 @dataclass(frozen=True)

@@ -64,6 +64,15 @@ DURATION_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600)
 RECENT = 12  # saves and restores each job remembers for the landing page
 SKEW_SAMPLES = 16  # changes whose mtime-versus-local-clock offsets estimate the storage's skew
 SKEW_TOLERANCE = 2.0  # offsets this small are detection latency, not a clock to correct
+# The skew gauge holds the largest offset seen this long (its alert needs 15 minutes), so one file
+# dated far off is reported even after sixteen ordinary changes pushed it out of the estimate.
+SKEW_HOLD = 3600.0
+# A sample this far above the samples' median is one file's date, not the storage's clock: it is
+# reported, never used to move other times onto the local clock.
+SKEW_OUTLIER = 60.0
+# A file dated further ahead is no clock at all (the spool refuses events this far ahead too):
+# the gauge reports it, the estimate of the storage's offset never takes it.
+SKEW_FUTURE = 300.0
 # A save or restore whose ranks never all report is given up after this long.
 SAVE_TIMELINE_EXPIRY = 3600.0
 RESTORE_EXPIRY = 6 * 3600.0
@@ -126,6 +135,11 @@ class _Gen:
     retry_at: float = 0.0  # its checks could not run: not asked again before this
     # The commit marker's time when last seen committed (kept while its files go or change).
     committed_at: float | None = None
+    # Local clock: when the generation was first seen, and (raw commit time, when that value was
+    # first seen). A tenant's mtime is never published later than when the exporter saw it: a
+    # file dated a year ahead cannot pin the newest generation, nor a save's start its age.
+    found_at: float = 0.0
+    commit_seen: tuple[float | None, float] = (None, 0.0)
     # A generation without a marker rewritten in place (save_pretrained into the same directory,
     # last.ckpt saved again): what it was when last committed, still shown as committed while
     # the new content settles, so no gauge blinks at every save. Dropped when the rewrite is
@@ -146,16 +160,23 @@ class _Gen:
         """Unchanged for the settle period (a generation without a commit marker)."""
         return now - self.progress_at >= settle
 
+    def seen(self, now: float) -> None:
+        """Note when the current commit time was first seen (by the local clock)."""
+        if self.found.commit_time != self.commit_seen[0]:
+            self.commit_seen = (self.found.commit_time, now)
+
     def public(self) -> Generation:
         found = self.found
+        # Published times: the tenant's mtimes, never later than when each was seen here.
+        seen_commit = self.commit_seen[1] if found.commit_time is not None else self.progress_at
         return Generation(
             id=found.id,
             tier=self.tier,
             step=found.step if found.step is not None else self.step_inside,
             state=self.state,
-            start_time=self.start_time,
-            last_write_time=found.last_write_time,
-            commit_time=self.commit_time if self.state == COMMITTED else None,
+            start_time=min(self.start_time, self.found_at),
+            last_write_time=min(found.last_write_time, self.progress_at),
+            commit_time=min(self.commit_time, seen_commit) if self.state == COMMITTED else None,
             bytes=found.bytes,
             files=found.files,
             valid=self.valid,
@@ -234,6 +255,8 @@ class JobTracker:
     # Newest mtime of each change minus the local time it was seen: the storage clock's offset
     # plus detection latency, so the largest recent sample is the best estimate of the offset.
     _skew_samples: deque[float] = field(default_factory=lambda: deque(maxlen=SKEW_SAMPLES))
+    _skew_held: tuple[float, float] | None = None  # the largest offset lately, and when seen
+    _skew_clock: float = 0.0  # the local time of the newest observation (SKEW_HOLD runs on it)
     _drained_counted: set[str] = field(default_factory=set)
     # Diagnosis (core/diagnosis.py): the thresholds and the other jobs' save spans come from the
     # Tracker; alone (a test, a tool) a job sees no neighbours.
@@ -300,6 +323,7 @@ class JobTracker:
         elif not hidden_before:
             self._hidden_since[tier] = now
         self._just_committed = []
+        self._skew_clock = max(self._skew_clock, now)
         self._scanned.add(tier)
         changed = first
         seen = set()
@@ -355,10 +379,12 @@ class JobTracker:
         return Observed(requests, tuple(self._just_committed))
 
     def _new(self, tier: str, item: Found, now: float, first: bool) -> _Gen:
-        gen = _Gen(item, tier, item.state, item.start_time, now, history=first)
+        gen = _Gen(item, tier, item.state, item.start_time, now, history=first, found_at=now)
+        gen.seen(now)
         gen.committed_at = item.commit_time if item.state == COMMITTED else None
-        if not first:
-            self._skew_samples.append(item.last_write_time - now)
+        if not first or item.last_write_time - now > SKEW_FUTURE:
+            # History says nothing of the clock, unless it is dated ahead of now.
+            self._skew_sample(item.last_write_time - now, now)
         self._gens[(tier, item.id)] = gen
         if first and item.settles:
             # Found at start-up: judged at once if its files are already older than the settle
@@ -408,9 +434,10 @@ class JobTracker:
         if moved:
             gen.progress_at = now
             if item.last_write_time != gen.found.last_write_time:
-                self._skew_samples.append(item.last_write_time - now)
+                self._skew_sample(item.last_write_time - now, now)
         gen.start_time = min(gen.start_time, item.start_time)
         gen.found = item
+        gen.seen(now)
         if item.state == WRITING and gen.state in (COMMITTED, DELETING) and shrinking:
             gen.state, gen.last_commit = DELETING, None  # retention at work, marker first
         elif item.state == COMMITTED and gen.state in (COMMITTED, DELETING) and resaved:
@@ -559,14 +586,36 @@ class JobTracker:
         window = (self.local_time(gen.start_time), self.local_time(commit))
         self._account({"total": duration}, live=True, key=key, window=window)
 
+    def _skew_sample(self, offset: float, now: float) -> None:
+        if offset <= SKEW_FUTURE:
+            self._skew_samples.append(offset)  # else a date, not a clock: reported, never used
+        held = self._skew_held
+        if held is None or abs(offset) >= abs(held[0]) or now - held[1] > SKEW_HOLD:
+            self._skew_held = (offset, now)
+
     @property
     def storage_clock_skew(self) -> float | None:
-        return max(self._skew_samples) if self._skew_samples else None
+        """The gauge: the offset of the recent changes, or the largest seen within SKEW_HOLD
+        (one file dated far off is reported long enough for its alert)."""
+        estimate = self._skew_estimate()
+        held = self._skew_held
+        if held is None or estimate is None or abs(held[0]) <= abs(estimate):
+            return estimate
+        return held[0] if held[1] >= self._skew_clock - SKEW_HOLD else estimate
+
+    def _skew_estimate(self) -> float | None:
+        """The storage clock's offset: the largest recent sample (detection latency only makes
+        samples smaller), leaving out one far above the rest (a file's date, not a clock)."""
+        samples = sorted(self._skew_samples)
+        if not samples:
+            return None
+        median = samples[(len(samples) - 1) // 2]
+        return max(sample for sample in samples if sample <= median + SKEW_OUTLIER)
 
     def local_time(self, mtime: float) -> float:
         """A storage timestamp on this node's clock, once the offset is clearly more than the
         detection latency (telemetry windows and event timelines run on the local clock)."""
-        skew = self.storage_clock_skew
+        skew = self._skew_estimate()
         tolerance = max(SKEW_TOLERANCE, self.policy.poll_interval + 1.0)
         if skew is None or abs(skew) <= tolerance:
             return mtime
