@@ -376,3 +376,35 @@ def test_a_job_whose_durable_tier_is_read_elsewhere_is_not_judged_on_it() -> Non
     # Staging read here, durable elsewhere: the same.
     two = (WatchedPath(DURABLE, "/shared/j", scanned=False), WatchedPath(STAGING, "/local/j"))
     assert verdict(healthy_job(paths=two, generations=()), now).healthy
+
+
+# --- [pager]: what the page says agrees with what pages ---------------------------------------
+
+
+def test_a_straggling_jobs_on_time_save_is_drawn_below_its_deadline() -> None:
+    """Each phase is the slowest rank's: rank 0 staged for 4 s, rank 1 wrote for 5 s, so the
+    phases add up to 10 s while the save took 7 s against an 8 s deadline. The bar is as tall as
+    the save: under the deadline line, its title keeps the measured phases."""
+    on_time = SaveRecord(500, T, T + 7, (("commit", 1.0), ("staging", 4.0), ("total", 7.0),
+                                         ("write", 5.0)), "ok")  # fmt: skip
+    svg = timeline_svg(job(recent_saves=(on_time,), recent_restores=()))
+    deadline_y = float(re.search(r'class="deadline" x1="\d+" y1="([\d.]+)"', svg).group(1))
+    tops = [float(v) for v in re.findall(r'class="phase-\w+" x="[\d.]+" y="([\d.]+)"', svg)]
+    assert min(tops) > deadline_y  # SVG y grows downwards: every segment below the line
+    assert "total 7.00 s, staging 4.00 s, write 5.00 s" in svg
+
+
+def test_a_finished_job_is_not_unhealthy_for_its_age() -> None:
+    from checkpoint_exporter.exposition.landing import verdict
+
+    old = healthy_job(generations=(committed(T + 200 - 86400),), finished=True)
+    judged = verdict(old, T + 200)
+    assert judged.healthy and judged.notes[0] == "finished: nothing pages for it"
+    assert verdict(healthy_job(generations=(), finished=True), T + 200).healthy
+
+
+def test_a_failed_drill_is_told_from_a_failed_restart() -> None:
+    from checkpoint_exporter.exposition.landing import verdict
+
+    drill = healthy_job(recent_restores=(RestoreRecord(T + 190, False, 1.0, "torn", drill=True),))
+    assert verdict(drill, T + 200).problems == ("last restore drill failed (torn)",)

@@ -263,9 +263,13 @@ def timeline_svg(job: JobState) -> str:
         clocked = sum(phases.get(p, 0.0) for p in ("staging", "write", "commit"))
         if clocked and total - clocked >= 0.01:
             phases["drain"] = total - clocked  # past the job's own commit: the durable copy
+        # Each phase is the slowest rank's, and the slowest stager need not be the slowest
+        # writer: stacked as they are, they can add up to more than the save took. Drawn in
+        # proportion within the total, the bar is as tall as the save was long.
+        scale = total / clocked if clocked > total > 0 else 1.0
         stacked = [(name, color) for name, color in STACK if name in phases]
         for name, color in stacked or [("total", "#7f7f7f")]:
-            seconds = phases.get(name, total)
+            seconds = phases.get(name, total) * (scale if name != "total" else 1.0)
             top, bottom = y(base + seconds), y(base)
             group.append(
                 f'<rect class="phase-{name}" x="{left:.1f}" y="{top:.1f}" width="{bar:.1f}" '
@@ -336,11 +340,13 @@ def verdict(job: JobState, now: float) -> Verdict:
         where = ", ".join(p.path for p in job.paths if p.tier == DURABLE) or "its durable tier"
         notes.append(f"newest checkpoint judged by the processes that read {where}")
     elif newest is None or newest.commit_time is None:
-        problems.append("no committed checkpoint yet")
+        (notes if job.finished else problems).append("no committed checkpoint yet")
     else:
         age = now - _finite(newest.commit_time, default=math.nan, low=-math.inf, high=math.inf)
         if not math.isfinite(age):
             problems.append("the newest checkpoint's commit time is unreadable")
+        elif job.finished:
+            notes.append(f"newest checkpoint {_ago(now, newest.commit_time)}")
         elif age > limit:
             problems.append(
                 f"newest checkpoint {_duration(round(age))} old, over its interval + deadline "
@@ -369,9 +375,13 @@ def verdict(job: JobState, now: float) -> Verdict:
             notes.append(f"last save ok ({_duration(total)})")
         if last.symptoms:
             notes.append("last save: " + ", ".join(n.replace("_", " ") for n in last.symptoms))
+    if job.finished:
+        notes.insert(0, "finished: nothing pages for it")
     if job.recent_restores and not job.recent_restores[-1].ok:
-        reason = job.recent_restores[-1].reason
-        problems.append("last restore failed" + (f" ({reason})" if reason else ""))
+        last_restore = job.recent_restores[-1]
+        what = "last restore drill failed" if last_restore.drill else "last restore failed"
+        reason = last_restore.reason
+        problems.append(what + (f" ({reason})" if reason else ""))
     elif job.restore_last_success:
         since = now - _finite(job.restore_last_success, low=-1e15)
         drill = _finite(job.restore_drill_max_age_seconds, high=math.inf)
