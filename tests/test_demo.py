@@ -3,6 +3,7 @@ minute, headless Chromium draws the landing page's timelines, and stopping leave
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import re
@@ -17,7 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from checkpoint_exporter.demo.cluster import JOBS, SYMPTOMS_OF
+from checkpoint_exporter.demo.cluster import JOBS, PAGES_OF, SYMPTOMS_OF
 from checkpoint_exporter.demo.cluster import dcp_metadata as demo_metadata
 from checkpoint_exporter.model import SYMPTOMS
 from checkpoint_exporter.sources import dcp_metadata
@@ -144,6 +145,34 @@ def test_the_demo(tmp_path: Path) -> None:
         }
         # More saves than faulty ones were diagnosed: clean ones among them, with no symptom.
         assert sum(saves.values()) > sum(sum(v or 0 for v in s.values()) for s in seen.values())
+
+        # A slow save is late, never also aborted; only the job whose ranks fail has aborts.
+        text = metrics()
+        for job in JOBS:
+            aborted = sample(text, "checkpoint_saves_aborted_total", training_job=job.name)
+            if "abort" not in (job.fault, job.second_fault):
+                assert aborted == 0, (job.name, aborted)
+        late = sample(text, "checkpoint_deadline_misses_total", training_job="llama70b-b")
+        assert late and late >= 1  # its slow commits: late, and not aborted (above)
+
+        # Its Alertmanager received no page that its own faults do not explain.
+        explained = {
+            (name, job.name)
+            for job in JOBS
+            for fault in (job.fault, job.second_fault)
+            for name in PAGES_OF.get(fault, ())
+        }
+        url = f"http://127.0.0.1:{port + 11}/api/v2/alerts"
+        with urllib.request.urlopen(url, timeout=10) as reply:
+            received = json.load(reply)
+        pages = {
+            (a["labels"]["alertname"], a["labels"].get("training_job", ""))
+            for a in received
+            if a["labels"].get("severity") == "critical"
+        }
+        assert pages <= explained, pages - explained
+        tickets = {a["labels"]["alertname"] for a in received}
+        assert "CheckpointSpoolUnwritable" not in tickets  # the demo's spool is 1733
     finally:
         demo.send_signal(signal.SIGINT)  # what Ctrl-C sends
         output, _ = demo.communicate(timeout=60)

@@ -4,8 +4,9 @@ The exporter watches a live workload on a fixture node (counters advancing, a fa
 instrumented job saving every second, a two-tier job draining, a job that stops saving, a job
 whose newest generation is truncated. Prometheus scrapes every second and evaluates the
 generated rules with every `for` set to 0s through the mixin config; Alertmanager routes to a
-webhook this test serves. Every dashboard panel's query must return data, and the three pages
-(a save over its deadline, a stopped job, a failed restore drill) must reach the webhook.
+webhook this test serves. Every dashboard panel's query must return data; a stopped job and a
+job that never saves page, a save over its deadline and a failed restore drill open tickets,
+and a finished job whose checkpoint is as old as the stopped one's never fires.
 """
 
 from __future__ import annotations
@@ -118,12 +119,17 @@ def test_pages_reach_the_webhook_and_every_panel_has_data(stack) -> None:
     node.rates = {"bond0": 100 * MB, "mlx5_0": 150 * MB, "dm-0": 40 * MB}
     node.run(step=0.02)
     closers.append(node.stop)
-    for name in ("live", "nvme", "filer", "stalled", "broken", "scratch"):
+    for name in ("live", "nvme", "filer", "stalled", "broken", "done", "scratch"):
         (data / name).mkdir()
     spool = tmp_path / "spool"
     workload = Workload(data, spool)
     workload.publish(data / "stalled", 1)
     workload.publish(data / "broken", 1)
+    workload.publish(data / "done", 1)
+    instrument.finished(training_job="done", spool=str(spool))  # trained to the end
+    # Saves somewhere the exporter does not watch: it runs (heartbeats), nothing commits here.
+    instrument.start(training_job="wrongpath", spool=str(spool), interval=1.0)
+    closers.append(lambda: instrument.finished(training_job="wrongpath", spool=str(spool)))
     nvml = tmp_path / "nvml.json"
     nvml.write_text(
         json.dumps({"init": "ok", "gpus": [{"util": 60, "memory_used": 1, "pcie": [1, 2]}]})
@@ -137,7 +143,9 @@ def test_pages_reach_the_webhook_and_every_panel_has_data(stack) -> None:
         f"  - {{name: live, path: {data / 'live'}}}\n"
         f"  - {{name: drained, path: {data / 'filer'}, staging: {data / 'nvme'}}}\n"
         f"  - {{name: stalled, path: {data / 'stalled'}, interval: 3s, deadline: 1s}}\n"
-        f"  - {{name: broken, path: {data / 'broken'}}}\n",
+        f"  - {{name: broken, path: {data / 'broken'}}}\n"
+        f"  - {{name: done, path: {data / 'done'}, interval: 3s, deadline: 1s}}\n"
+        f"  - {{name: wrongpath, path: {data / 'wrong'}, interval: 3s, deadline: 1s}}\n",
     )
     fake_gpu = {"PYTHONPATH": str(REPO / "tests" / "fakes"), "FAKE_NVML_STATE": str(nvml)}
     exporter = Exporter(
@@ -227,7 +235,7 @@ def test_pages_reach_the_webhook_and_every_panel_has_data(stack) -> None:
     ratio = 'training_job:checkpoint_deadline_slo_errors:ratio_rate2h{training_job="live"}'
     wait_for(lambda: query(prometheus, within) and query(prometheus, ratio), timeout=30, interval=1)
 
-    # The three pages.
+    # Two pages and two tickets.
     workload.overrun.set()
     truncated = data / "broken" / "step-1" / "__0_0.distcp"
     os.truncate(truncated, 100)
@@ -239,24 +247,44 @@ def test_pages_reach_the_webhook_and_every_panel_has_data(stack) -> None:
 
     def pages() -> dict[str, set[str]]:
         firing = webhook.firing()
-        names = ("CheckpointDeadlineMissed", "CheckpointTooOld", "CheckpointRestoreFailed")
+        names = (
+            "CheckpointDeadlineMissed", "CheckpointTooOld", "CheckpointRestoreDrillFailed",
+            "CheckpointNeverCommitted",
+        )  # fmt: skip
         return {name: firing.get(name, set()) for name in names}
 
     try:
         wait_for(
             lambda: "live" in pages()["CheckpointDeadlineMissed"]
             and "stalled" in pages()["CheckpointTooOld"]
-            and "broken" in pages()["CheckpointRestoreFailed"],
+            and "broken" in pages()["CheckpointRestoreDrillFailed"]
+            and "wrongpath" in pages()["CheckpointNeverCommitted"],
             timeout=90, interval=0.5,
         )  # fmt: skip
     except AssertionError:
         raise AssertionError(f"pages so far: {webhook.firing()}") from None
+
+    def severity(alertname: str, job: str) -> str:
+        return next(
+            alert["labels"]["severity"]
+            for message in webhook.received
+            for alert in message["alerts"]
+            if alert["labels"]["alertname"] == alertname
+            and alert["labels"].get("training_job") == job
+        )
+
+    assert severity("CheckpointTooOld", "stalled") == "critical"
+    assert severity("CheckpointNeverCommitted", "wrongpath") == "critical"
+    assert severity("CheckpointDeadlineMissed", "live") == "warning"  # one slow save: a ticket
+    assert severity("CheckpointRestoreDrillFailed", "broken") == "warning"  # a drill: a ticket
     notification = next(
         alert
         for message in webhook.received
         for alert in message["alerts"]
         if alert["labels"]["alertname"] == "CheckpointDeadlineMissed"
     )
-    assert notification["labels"]["severity"] == "critical"
     assert notification["annotations"]["runbook_url"].endswith("#checkpointdeadlinemissed")
-    assert "CheckpointExporterDown" not in webhook.firing()
+    firing = webhook.firing()
+    assert "CheckpointExporterDown" not in firing
+    assert "broken" not in firing.get("CheckpointRestoreFailed", set())  # no training restore
+    assert "done" not in firing.get("CheckpointTooOld", set())  # finished: never pages

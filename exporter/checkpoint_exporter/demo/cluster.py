@@ -74,7 +74,18 @@ SYMPTOMS_OF = {
     "torn": ("unrestorable",),  # its restore drill fails
     "abort": (),  # an aborted save is counted as one, not diagnosed
 }
+# The pages each fault explains (anything else the demo's Alertmanager receives is a false page):
+# slow commits, repeated, burn the deadline budget fast, and a slow save may leave the newest
+# checkpoint older than interval + deadline for a moment; an aborted save leaves it older for a
+# whole interval; a torn generation is the newest, invalid, until the next save.
+PAGES_OF = {
+    "slow_commit": ("CheckpointDeadlineBudgetBurn", "CheckpointTooOld"),
+    "abort": ("CheckpointTooOld",),
+    "staging_bound": ("CheckpointTooOld",),
+    "torn": ("CheckpointInvalid",),
+}
 KEEP = 3  # retention, as keep_latest_k
+HEARTBEAT = 10.0  # seconds between the simulated jobs' heartbeats
 
 
 # --- the DCP .metadata pickle, with or without torch --------------------------------------------
@@ -157,6 +168,9 @@ class Cluster:
         return self.workdir / ("nvme" if job.staging else "ckpt") / job.name
 
     def start(self) -> None:
+        # As deployed: every user's training job may make its directory in the spool.
+        self.spool.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.spool, 0o1733)
         for job in JOBS:
             self.durable(job).mkdir(parents=True, exist_ok=True)
             self.first_tier(job).mkdir(parents=True, exist_ok=True)
@@ -176,6 +190,8 @@ class Cluster:
     def _train(self, job: DemoJob) -> None:
         step = 0
         self.stop.wait(JOBS.index(job) * 3.0)  # staggered starts, as real jobs would be
+        # The job says it runs (checkpoint_job_alive_timestamp_seconds): its pages follow its life.
+        instrument.start(training_job=job.name, spool=str(self.spool), interval=HEARTBEAT)
         while not self.stop.is_set():
             step += 100
             started = time.monotonic()
