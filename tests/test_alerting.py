@@ -155,9 +155,26 @@ def test_every_alert_has_a_firing_and_a_quiet_unit_test() -> None:
     assert quiet == set(ALERTS), set(ALERTS) - quiet
 
 
-def test_every_alert_is_annotated_and_has_a_runbook_section() -> None:
+# Each alert's runbook section: what the on-call needs at 3 a.m. first (what is at risk, what
+# to paste, whom to wake), then what to read in daylight, in this order.
+RUNBOOK_PARTS = (
+    "**Impact.**",
+    "**Do now.**",
+    "**Escalate to.**",
+    "**Meaning.**",
+    "**First evidence.**",
+    "**Controlled next test.**",
+    "**Silence safely.**",
+)
+
+
+def runbook_sections() -> dict[str, str]:
     runbooks = (REPO / "docs" / "runbooks.md").read_text()
-    sections = dict(re.findall(r"^## (\w+)\n(.*?)(?=^## |\Z)", runbooks, re.M | re.S))
+    return dict(re.findall(r"^## (\w+)\n(.*?)(?=^## |\Z)", runbooks, re.M | re.S))
+
+
+def test_every_alert_is_annotated_and_has_a_runbook_section() -> None:
+    sections = runbook_sections()
     assert set(alerts()) == set(ALERTS) == set(sections)
     for name, rule in alerts().items():
         assert rule["labels"]["severity"] in ("critical", "warning")
@@ -165,13 +182,24 @@ def test_every_alert_is_annotated_and_has_a_runbook_section() -> None:
         assert summary[0].isupper() and summary.endswith(".") and summary.count(". ") == 0
         assert "$labels." in rule["annotations"]["description"]
         assert rule["annotations"]["runbook_url"] == MixinConfig().runbook(name)
-        for part in (
-            "**Meaning.**",
-            "**First evidence.**",
-            "**Controlled next test.**",
-            "**Silence safely.**",
-        ):
-            assert part in sections[name], f"{name}: {part}"
+        at = [sections[name].find(part) for part in RUNBOOK_PARTS]
+        assert -1 not in at, f"{name}: no {RUNBOOK_PARTS[at.index(-1)]}"
+        assert at == sorted(at), f"{name}: the parts are not in the order {RUNBOOK_PARTS}"
+
+
+def test_each_runbook_section_opens_with_the_alerts_severity() -> None:
+    """The first line says whether it pages, as ALERTS has it; a job's paging alert says that
+    it tickets for a job that does not run or whose objectives nobody stated."""
+    for name, section in runbook_sections().items():
+        first = section.strip().split("\n\n")[0].replace("\n", " ")
+        severity = ALERTS[name][0]
+        opening = "**Pages** (critical)" if severity == "critical" else "**Ticket** (warning)."
+        assert first.startswith(opening), f"{name}: {first!r}"
+        if name in rules.PAGING_ALERTS:
+            assert first.endswith("while the job runs and its objectives were stated; otherwise "
+                                  "a ticket (warning)."), f"{name}: {first!r}"  # fmt: skip
+        elif severity == "critical" and name != "CheckpointDeadlineBudgetBurn":
+            assert first == "**Pages** (critical).", f"{name}: {first!r}"
 
 
 def test_thresholds_come_from_the_exported_objectives() -> None:
@@ -416,20 +444,20 @@ def test_a_severity_override_to_warning_leaves_one_rule(tmp_path: Path) -> None:
     assert rules.PAGES not in generated[0]["expr"]
 
 
-def test_a_schedulers_view_of_running_jobs_decides_what_pages(tmp_path: Path) -> None:
-    """job_running joins a scheduler's metric (here kube-state-metrics' pod phase, relabelled to
-    the training job's name): a job it does not name stops paging at once, however recent its
-    own signs of life (the uninstrumented job that finished an hour ago); a job it names pages
-    even when its own signs are older than abandon_after."""
-    running = (
-        'max by (cluster, training_job) (label_replace(kube_pod_status_phase{phase="Running"} == 1,'
-        ' "training_job", "$1", "pod", "(.+)-launcher"))'
-    )
-    mixin = write_config(tmp_path, f"job_running: '{running}'\nrule_layout: split\n", "m.yaml")
+def _too_old_where_the_scheduler_says(
+    tmp_path: Path, mixin_text: str, scheduler: list[dict], cluster: str | None = None
+) -> subprocess.CompletedProcess:
+    """promtool on two jobs whose newest checkpoint is 90 minutes old: "ended" still shows life
+    (a write a minute ago), "quiet" none for over abandon_after. Passes when CheckpointTooOld
+    pages for "quiet" alone: the scheduler's series (``scheduler``) name it running, not
+    "ended"."""
+    mixin = write_config(tmp_path, mixin_text + "rule_layout: split\n", "m.yaml")
     out = tmp_path / "rules"
     result = run_cli("rules", "--config.file", str(mixin), "--output-dir", str(out))
     assert result.returncode == 0, result.stderr
     exporter = 'job="checkpoint-exporter",instance="n1"'
+    if cluster:
+        exporter += f',cluster="{cluster}"'
     series = []
     for job, alive in (("ended", "0+60x100"), ("quiet", "0x100")):
         labels = f'{exporter},training_job="{job}"'
@@ -449,19 +477,19 @@ def test_a_schedulers_view_of_running_jobs_decides_what_pages(tmp_path: Path) ->
             {"series": f"checkpoint_job_abandon_after_seconds{{{labels}}}", "values": "1800x100"},
             {"series": f"checkpoint_job_paging{{{labels}}}", "values": "1x100"},
         ]
-    series.append(
-        {"series": 'kube_pod_status_phase{pod="quiet-launcher",phase="Running"}', "values": "1x100"}
-    )
+    expected = {"severity": "critical", "training_job": "quiet"}
+    if cluster:
+        expected["cluster"] = cluster
     tests = {
         "rule_files": [str(out / "checkpoint-exporter-job.rules.yaml")],
         "evaluation_interval": "1m",
         "tests": [{
             "interval": "1m",
-            "input_series": series,
+            "input_series": series + scheduler,
             "alert_rule_test": [{
                 "eval_time": "90m", "alertname": "CheckpointTooOld",
                 "exp_alerts": [{
-                    "exp_labels": {"severity": "critical", "training_job": "quiet"},
+                    "exp_labels": expected,
                     "exp_annotations": {
                         "summary": ALERTS["CheckpointTooOld"][2],
                         "description": "quiet: the newest committed checkpoint is 1h 30m 0s old, "
@@ -475,11 +503,69 @@ def test_a_schedulers_view_of_running_jobs_decides_what_pages(tmp_path: Path) ->
         }],
     }  # fmt: skip
     (tmp_path / "t.yaml").write_text(yaml.safe_dump(tests))
-    tested = subprocess.run(
+    return subprocess.run(
         [require_tool("promtool"), "test", "rules", str(tmp_path / "t.yaml")],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
+
+
+def test_a_schedulers_view_of_running_jobs_decides_what_pages(tmp_path: Path) -> None:
+    """job_running joins a scheduler's metric (here kube-state-metrics' pod phase, relabelled to
+    the training job's name): a job it does not name stops paging at once, however recent its
+    own signs of life (the uninstrumented job that finished an hour ago); a job it names pages
+    even when its own signs are older than abandon_after."""
+    running = (
+        'max by (cluster, training_job) (label_replace(kube_pod_status_phase{phase="Running"} == 1,'
+        ' "training_job", "$1", "pod", "(.+)-launcher"))'
+    )
+    scheduler = [
+        {"series": 'kube_pod_status_phase{pod="quiet-launcher",phase="Running"}', "values": "1x100"}
+    ]
+    tested = _too_old_where_the_scheduler_says(tmp_path, f"job_running: '{running}'\n", scheduler)
     assert tested.returncode == 0, tested.stdout + tested.stderr
+
+
+# What each of the README's job_running examples reads: the scheduler names "quiet" running and
+# not "ended" (its pod completed, its Slurm job too).
+SCHEDULERS = {
+    "kube_pod_labels": [
+        {"series": f'kube_pod_labels{{cluster="c1",namespace="ml",pod="{job}-0",'
+                   f'label_training_job="{job}"}}', "values": "1x100"}
+        for job in ("quiet", "ended")
+    ] + [
+        {"series": f'kube_pod_status_phase{{cluster="c1",namespace="ml",pod="{job}-0",'
+                   f'phase="{phase}"}}', "values": f"{value}x100"}
+        for job, phase, value in (
+            ("quiet", "Running", 1), ("ended", "Running", 0), ("ended", "Succeeded", 1),
+        )
+    ],
+    "slurm_job_info": [
+        {"series": f'slurm_job_info{{cluster="c1",job_id="{n}",job_name="{job}",'
+                   f'job_state="{state}"}}', "values": "1x100"}
+        for n, job, state in ((1, "quiet", "RUNNING"), (2, "ended", "COMPLETED"))
+    ],
+}  # fmt: skip
+
+
+def readme_job_running_examples() -> dict[str, str]:
+    """The README's job_running examples (mixin configs), by the metric each reads."""
+    readme = (REPO / "README.md").read_text()
+    blocks = re.findall(r"```yaml\n(job_running:.*?)```", readme, re.S)
+    return {next(m for m in SCHEDULERS if m in block): block for block in blocks}
+
+
+def test_the_readmes_job_running_examples_page_for_the_jobs_the_scheduler_runs(
+    tmp_path: Path,
+) -> None:
+    examples = readme_job_running_examples()
+    assert set(examples) == set(SCHEDULERS)
+    for metric, block in examples.items():
+        (tmp_path / metric).mkdir()
+        load_mixin(str(write_config(tmp_path / metric, block, "check.yaml")))  # valid as is
+        tested = _too_old_where_the_scheduler_says(
+            tmp_path / metric, block, SCHEDULERS[metric], cluster="c1"
+        )
+        assert tested.returncode == 0, metric + tested.stdout + tested.stderr
 
 
 def test_burn_min_misses_is_a_mixin_setting(tmp_path: Path) -> None:
@@ -491,3 +577,18 @@ def test_burn_min_misses_is_a_mixin_setting(tmp_path: Path) -> None:
     assert "[6h])) >= 5\n" in fast["expr"]
     with pytest.raises(ConfigError, match="burn_min_misses"):
         load_mixin(str(write_config(tmp_path, "burn_min_misses: 0\n", "bad.yaml")))
+
+
+def test_the_readme_alert_table_matches_the_severities() -> None:
+    """README's "pages | tickets" table lists every alert once, under ALERTS' severity."""
+    readme = (REPO / "README.md").read_text()
+    section = readme.partition("\n## Alerts, recording rules and dashboards\n")[2]
+    table = section.partition("| pages (critical) | tickets (warning) |\n|---|---|\n")[2]
+    row = table.partition("\n")[0]
+    cells = [cell.strip() for cell in row.strip().strip("|").split("|")]
+    assert len(cells) == 2, row
+    pages, tickets = (cell.split(", ") for cell in cells)
+    assert len(pages) == len(set(pages)) and len(tickets) == len(set(tickets))
+    severity = {name: alert[0] for name, alert in ALERTS.items()}
+    assert set(pages) == {name for name, level in severity.items() if level == "critical"}
+    assert set(tickets) == {name for name, level in severity.items() if level == "warning"}

@@ -119,7 +119,8 @@ def _add_plan(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--example",
         action="store_true",
-        help="start from the seed article's worked example (four 70B jobs on 32 servers)",
+        help="start from a worked example: four 70B-parameter jobs on 32 servers, a 60 s "
+        "deadline every 15 minutes",
     )
     parser.add_argument("--format", choices=("table", "json", "yaml"), default="table")
     parser.add_argument(
@@ -237,9 +238,11 @@ def build_parser() -> argparse.ArgumentParser:
     check = verbs.add_parser("check-config", help="validate a config file and print it resolved")
     _add_common(check, config_required=True)
     _add_plan(verbs.add_parser("plan", help="sizing worksheet: model and cluster -> objectives"))
-    drill = verbs.add_parser(
-        "restore-drill", help="restore the newest committed generation; exit 0 only on success"
+    drill_help = (
+        "restore the generation a restart would pick; exit 0 restored, 1 the restore failed, "
+        "2 usage or no such job, 3 the structural drill passed but --full could not run"
     )
+    drill = verbs.add_parser("restore-drill", help=drill_help, description=drill_help)
     _add_common(drill, config_required=True)
     drill.add_argument("--job", required=True, help="training job name")
     drill.add_argument("--generation", metavar="ID", help="a generation id instead of the newest")
@@ -271,8 +274,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_acceptance(
         verbs.add_parser(
             "acceptance",
-            help="judge the seed article's acceptance checklist from a Prometheus over a time "
-            "range: HTML, JSON and Markdown report; exit 1 when a measured row fails",
+            help="judge a storage system's deployment acceptance checklist (known checkpoint, "
+            "concurrent burst, repeatability, interrupted save, recovery drill, handover) from a "
+            "Prometheus over a time range: HTML, JSON and Markdown report; exit 1 when a "
+            "measured row fails",
         )
     )
     for verb, what, default in (

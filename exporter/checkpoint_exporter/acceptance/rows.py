@@ -697,7 +697,8 @@ def symptoms(results: Results, ctx: Context) -> Row:
     and over a long run some save will show one, so it never decides the exit status."""
     title = "Bottleneck symptoms (informational)"
     checklist = (
-        "Not a checklist item: section 7's isolation matrix applied to the range's saves, with "
+        "Not a checklist item: what held each save of the range back (staging-bound, "
+        "straggler, contention, commit-bound, backlog, unrestorable, training disturbed), with "
         "the runbook section of each symptom. Never changes the exit status."
     )
     if not results.get("symptoms"):

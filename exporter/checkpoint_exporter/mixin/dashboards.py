@@ -204,13 +204,13 @@ def _symptoms_and_interval(c: MixinConfig, s: _Selectors) -> list[Section]:
     rate = "$__rate_interval"
     recorded = s.recorded_job
     return [
-        Section("Diagnosis (the seed article's bottleneck matrix)", (
+        Section("Diagnosis: what held each save back", (
             Panel("Saves diagnosed per symptom", (
                 Query(f"max by ({s.by}, symptom) (increase("
                       f"checkpoint_save_symptoms_total{{{s.job}}}[{rate}]))",
                       "{{training_job}} {{symptom}}", (SYMPTOMS,)),
-            ), description="Each symptom's runbook section holds the matrix's first evidence "
-                           "and controlled next test."),
+            ), description="Each symptom's runbook section (/runbooks#symptom-<name>) says "
+                           "what to check first and which test tells the cause apart."),
             Panel("The newest save's symptoms", (
                 Query(f"max by ({s.by}, symptom) (checkpoint_last_save_symptom_info{{{s.job}}})",
                       "{{training_job}} {{symptom}}", (SYMPTOMS,)),

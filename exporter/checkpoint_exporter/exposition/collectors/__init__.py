@@ -46,7 +46,10 @@ REGISTRY: dict[str, CollectorEntry] = {
         RestoresCollector, True, "restores: drills and loads reported by training jobs"
     ),
     SymptomsCollector.name: CollectorEntry(
-        SymptomsCollector, True, "the bottleneck-matrix diagnosis of each job's saves"
+        SymptomsCollector,
+        True,
+        "what held each save back: staging-bound, straggler, contention, commit-bound, "
+        "backlog, unrestorable, training disturbed",
     ),
     DrainCollector.name: CollectorEntry(
         DrainCollector, True, "staging tier to durable tier: backlog, arrival and drain"

@@ -81,7 +81,9 @@ SAVES_COMMITTED = MetricSpec(
 SAVES_ABORTED = MetricSpec(
     "checkpoint_saves_aborted_total",
     "counter",
-    "Saves abandoned while the exporter ran: no commit and no progress for the deadline.",
+    "Saves abandoned before they committed, while the exporter ran: their ranks reported "
+    "save_failed, a newer save committed while they stood still, or nothing moved for "
+    "abort_after (a save that commits late is a deadline miss, not an abort).",
     _JOB,
 )
 DEADLINE_MISSES = MetricSpec(
