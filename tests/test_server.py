@@ -159,7 +159,8 @@ def test_port_in_use_is_a_runtime_failure(config: Path) -> None:
 
 
 def test_bad_config_is_a_usage_error(tmp_path: Path) -> None:
-    path = write_config(tmp_path, "jobs: [{name: a, path: nowhere}]\n")
+    (tmp_path / "file").write_text("x")
+    path = write_config(tmp_path, "jobs: [{name: a, path: file}]\n")  # a file, not a directory
     result = run_cli("serve", "--config.file", str(path))
     assert result.returncode == 2 and "jobs[0].path" in result.stderr
 
