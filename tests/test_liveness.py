@@ -240,3 +240,24 @@ def test_the_skew_gauge_holds_a_far_off_date_long_enough_for_its_alert() -> None
     gens.append(dcp("step-99", COMMITTED, now - 1, now - 0.5, 99))
     tracker.observe(DURABLE, list(gens), now)
     assert abs(tracker.state().storage_clock_skew) < 1  # an hour later: the storage's own
+
+
+def test_a_newer_commit_waits_for_an_older_saves_verdict_under_way() -> None:
+    """A single-file save still being checked (the parser busy with another tenant's file) is
+    not aborted because a newer one committed meanwhile: not judged is not aborted."""
+    from checkpoint_exporter.sources.layouts.base import ZIP
+
+    tracker = job(deadline=60, settle=5)
+    tracker.observe(DURABLE, [], T)
+
+    def single(name: str, step: int, mtime: float) -> Found:
+        return Found(name, step, WRITING, mtime, mtime, None, 500, 1, (Check(ZIP, name),),
+                     settles=True)  # fmt: skip
+
+    older = single("step-1.ckpt", 1, T + 1)
+    tracker.observe(DURABLE, [older], T + 1)
+    (request,) = tracker.observe(DURABLE, [older], T + 7).requests
+    tracker.submitted(request)  # its check is queued
+    newer = dcp("step-2", COMMITTED, T + 50, T + 60, 2)
+    tracker.observe(DURABLE, [older, newer], T + 61)
+    assert states(tracker)["step-1.ckpt"] == WRITING

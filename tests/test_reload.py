@@ -85,3 +85,28 @@ def test_a_reload_changing_a_discover_root_applies_to_its_jobs(tmp_path: Path, e
     served.process.send_signal(signal.SIGHUP)
     wait_for(lambda: served.value("checkpoint_interval_seconds", training_job="j1") == 60)
     assert served.value(RELOADED) == 1
+
+
+def test_a_reload_that_changes_a_job_keeps_what_is_known_of_its_life(
+    tmp_path: Path, exporter
+) -> None:
+    """A job that said it finished, reconfigured (its deadline changed): still finished, still
+    first seen when it was, so it does not start paging again."""
+    from checkpoint_exporter import instrument
+
+    job = tmp_path / "a"
+    job.mkdir()
+    spool = tmp_path / "spool"
+    head = f"spool: {spool}\njobs: [{{name: a, path: {job}, layout: dcp"
+    config = write_config(tmp_path, head + "}]\n")
+    served = exporter("--config.file", str(config))
+    instrument.finished(training_job="a", spool=str(spool))
+    wait_for(lambda: served.value("checkpoint_job_finished", training_job="a") == 1)
+    first_seen = served.value("checkpoint_job_first_seen_timestamp_seconds", training_job="a")
+    config.write_text(head + ", deadline: 2m}]\n")
+    served.process.send_signal(signal.SIGHUP)
+    wait_for(lambda: served.value("checkpoint_deadline_seconds", training_job="a") == 120)
+    assert served.value("checkpoint_job_finished", training_job="a") == 1
+    assert served.value("checkpoint_job_first_seen_timestamp_seconds", training_job="a") == (
+        first_seen
+    )

@@ -909,6 +909,13 @@ class JobTracker:
         """The job ended: it said so (and has not run since), or the config says so."""
         return self.policy.finished or self.finished_at is not None
 
+    def take_life(self, other: JobTracker) -> None:
+        """Carry over what an earlier tracker of the same job knew of its life (a reload that
+        changed the job's config makes a new tracker; the job did not start again)."""
+        self.first_seen = min(self.first_seen, other.first_seen)
+        self.alive_at, self.finished_at = other.alive_at, other.finished_at
+        self._touch()
+
     def _sign_of_life(self, at: float, now: float) -> None:
         """The job did something at ``at`` (a tenant's clock: never later than now)."""
         at = min(at, now)
@@ -1146,6 +1153,8 @@ class JobTracker:
         for gen in list(self._gens.values()):
             if gen is newer or gen.tier != newer.tier or gen.state != WRITING or gen.history:
                 continue
+            if self._stall_limit(gen) is None:
+                continue  # its verdict is under way, or its checks could not run: not judged
             older, new = gen.found.step, newer.found.step
             if older is not None and new is not None and older >= new:
                 continue

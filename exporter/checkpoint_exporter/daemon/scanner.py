@@ -1279,12 +1279,15 @@ class Scanner:
             source = self._sources.get(name)
             if source is not None and source.config == job:
                 continue
+            earlier = self.tracker.jobs.get(name) if source is not None else None
             if source is not None:
                 changed.append(name)
                 self._remove(name)
             else:
                 added.append(name)
             self._add(name, job_paths(job), job.policy, None, job)
+            if earlier is not None:
+                self.tracker.jobs[name].take_life(earlier)
         roots = {str(d.entry.root): d for d in self._discoveries}
         # A root whose entry changed (its policy, max_jobs): its jobs are found again under it.
         changed_roots = {
