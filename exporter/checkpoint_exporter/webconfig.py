@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import re
 import secrets
 import ssl
@@ -31,6 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from checkpoint_exporter.schema import Field, Problems, read_mapping_file
+
+log = logging.getLogger(__name__)
 
 _CLIENT_AUTH = {
     "NoClientCert": ssl.CERT_NONE,
@@ -246,9 +249,21 @@ class WebSecurity:
                     self._turn.wait()
                     check, expired = self._next()
             for late in expired:
-                late.done(None)
+                self._answer(late, None)
             if check is not None:
-                check.done(self._verdict(check))
+                try:
+                    verdict: bool | None = self._verdict(check)
+                except Exception:
+                    log.exception("a password check failed")
+                    verdict = None  # busy: the client may try again
+                self._answer(check, verdict)
+
+    @staticmethod
+    def _answer(check: _Check, verdict: bool | None) -> None:
+        try:
+            check.done(verdict)
+        except Exception:  # the caller's: it must not stop the checks of everyone else
+            log.exception("answering a password check failed")
 
     def _verdict(self, check: _Check) -> bool:
         with self._lock:

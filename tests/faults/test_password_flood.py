@@ -174,3 +174,19 @@ def test_eighty_guessing_clients_cannot_lock_out_prometheus(guarded) -> None:
     assert prometheus == [200]
     assert checked.index(PASSWORD.encode()) == 1  # right after the one in progress
     assert set(statuses) <= {401, 429}
+
+
+def test_a_check_that_fails_is_busy_and_the_checker_goes_on() -> None:
+    security = _security(Clock())
+    check = security._check
+    broken = [True]
+
+    def flaky(expected: bytes | None, password: bytes) -> bool:
+        if broken.pop() if broken else False:
+            raise RuntimeError("bcrypt broke")
+        return check(expected, password)
+
+    security._check = flaky  # type: ignore[method-assign]
+    with pytest.raises(webconfig.AuthBusy):
+        security.authorized("prometheus", PASSWORD, "10.0.0.9")
+    assert security.authorized("prometheus", PASSWORD, "10.0.0.9")

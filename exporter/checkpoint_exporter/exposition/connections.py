@@ -12,6 +12,8 @@ password); the network's pace is the loop's business, with a deadline for every 
                must be whole within REQUEST_SECONDS; a kept-alive connection may wait
                IDLE_SECONDS for its next one
     handling   with a handler thread (no deadline here: the handler's own work is bounded)
+    delayed    a refusal held back before it is written (``respond``'s ``delay``), so a client
+               that retries at once cannot make the server answer it as fast as it asks
     writing    the answer must be out within WRITE_SECONDS
     lingering  after the last answer, the client's leftovers are read and dropped for at most
                LINGER_SECONDS (so that closing does not reset the answer away)
@@ -55,10 +57,10 @@ _SEND_CHUNK = 256 * 1024
 _RECV_CHUNK = 64 * 1024
 _LONGEST_WAIT = 1.0  # the loop looks at its clock at least this often
 
-HANDSHAKE, READING, HANDLING, WRITING, LINGERING, CLOSED = (
-    "handshake", "reading", "handling", "writing", "lingering", "closed",
+HANDSHAKE, READING, HANDLING, DELAYED, WRITING, LINGERING, CLOSED = (
+    "handshake", "reading", "handling", "delayed", "writing", "lingering", "closed",
 )  # fmt: skip
-_EVICTABLE = (HANDSHAKE, READING, LINGERING)
+_EVICTABLE = (HANDSHAKE, READING, DELAYED, LINGERING)
 _HEAD_TOO_LARGE = (
     b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Type: text/plain; charset=utf-8\r\n"
     b"Content-Length: 25\r\nConnection: close\r\n\r\nrequest head is too large"
@@ -81,6 +83,7 @@ class Connection:
     lingered: int = 0
     events: int = 0  # what the selector watches for it
     exchange: Exchange | None = None
+    delayed: tuple[Sequence[bytes], bool] = ((), True)  # the answer held back, and close_after
 
 
 @dataclass(eq=False)
@@ -125,16 +128,19 @@ class ConnectionLoop:
         self._serial = itertools.count()
         self._held: dict[int, list[int]] = {}  # id(part) -> [size, holders]
         self._held_bytes = 0
-        self._answers: queue.SimpleQueue[tuple[Exchange, Sequence[bytes], bool]] = (
+        self._answers: queue.SimpleQueue[tuple[Exchange, Sequence[bytes], bool, float]] = (
             queue.SimpleQueue()
         )
         self._stopping = threading.Event()
 
     # --- for other threads ----------------------------------------------------------------
 
-    def respond(self, exchange: Exchange, parts: Sequence[bytes], close: bool) -> None:
-        """The answer to ``exchange`` (no parts: none, close the connection); any thread."""
-        self._answers.put((exchange, parts, close))
+    def respond(
+        self, exchange: Exchange, parts: Sequence[bytes], close: bool, delay: float = 0.0
+    ) -> None:
+        """The answer to ``exchange`` (no parts: none, close the connection), written after
+        ``delay`` seconds; any thread."""
+        self._answers.put((exchange, parts, close, delay))
         self.wake()
 
     def wake(self) -> None:
@@ -161,7 +167,7 @@ class ConnectionLoop:
                     elif key.data == "wake":
                         self._drain_wake()
                     elif key.data.state != CLOSED:
-                        self._ready(key.data)
+                        self._guarded(self._ready, key.data)
                 self._take_answers()
                 self._expire(self.clock())
                 self._maybe_resume_accepting()
@@ -205,7 +211,11 @@ class ConnectionLoop:
                 continue  # ECONNABORTED and the like: that client is gone
             if len(self._connections) >= MAX_CONNECTIONS:
                 self._evict("full")
-            self._open(sock, client)
+            try:
+                self._open(sock, client)
+            except Exception:
+                log.exception("opening a connection from %s failed", client[0])
+                sock.close()
 
     def _open(self, sock: socket.socket, client: tuple[Any, ...]) -> None:
         sock.setblocking(False)
@@ -341,17 +351,29 @@ class ConnectionLoop:
     def _take_answers(self) -> None:
         while True:
             try:
-                exchange, parts, close = self._answers.get_nowait()
+                exchange, parts, close, delay = self._answers.get_nowait()
             except queue.Empty:
                 return
             connection = exchange.connection
             if connection.state != HANDLING or connection.exchange is not exchange:
                 continue  # closed meanwhile (stopping)
             connection.exchange = None
-            if parts:
-                self._send(connection, parts, close)
-            else:
+            if not parts:
                 self._close(connection)
+            elif delay > 0:
+                now = self.clock()
+                connection.delayed = (parts, close)
+                self._enter(connection, DELAYED, now + delay, now)
+            else:
+                self._guarded(self._send, connection, parts, close)
+
+    def _guarded(self, step: Callable[..., None], connection: Connection, *args: Any) -> None:
+        """``step`` on ``connection``; a bug there costs that connection, not the loop."""
+        try:
+            step(connection, *args)
+        except Exception:
+            log.exception("connection from %s failed", connection.client[0])
+            self._close(connection)
 
     def _send(self, connection: Connection, parts: Sequence[bytes], close: bool) -> None:
         now = self.clock()
@@ -434,6 +456,11 @@ class ConnectionLoop:
             deadline, _, connection = heapq.heappop(self._deadlines)
             if connection.state in (CLOSED, HANDLING) or connection.deadline != deadline:
                 continue  # a stale entry: the connection moved on
+            if connection.state == DELAYED:  # its time has come: the answer goes out
+                parts, close = connection.delayed
+                connection.delayed = ((), True)
+                self._guarded(self._send, connection, parts, close)
+                continue
             reason = connection.state
             if connection.state == READING:
                 reason = "slow request" if connection.buffer else "idle"
@@ -506,6 +533,7 @@ class ConnectionLoop:
         self._watch(connection, 0)
         connection.state = CLOSED
         connection.exchange = None
+        connection.delayed = ((), True)
         self._evictable.pop(connection, None)
         self._connections.discard(connection)
         with contextlib.suppress(OSError):

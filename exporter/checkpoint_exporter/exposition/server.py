@@ -43,6 +43,10 @@ UNAUTHENTICATED_PATHS = ("/healthz", "/readyz")
 # them.
 WORKERS = 8
 PROBE_WORKERS = 2
+# A 429 is written this long after it is decided (its Retry-After): a client that retries at
+# once is held to about one refusal a second per connection, instead of as many as the server
+# can write (the held connection costs a socket, and is the first to go when room is needed).
+REFUSAL_DELAY_SECONDS = 1.0
 # socketserver's default listen backlog is 5: a burst of connections (several Prometheus
 # replicas, a probe, a few slow clients) would have SYNs dropped and wait out a 1 s retransmit.
 # The kernel caps it at net.core.somaxconn.
@@ -172,15 +176,23 @@ class MetricsServer:
     def _dispatch(self, exchange: Exchange) -> None:
         """On the loop's thread: a probe to the probes' pool, anything else to the handlers."""
         request_line = exchange.head.split(b"\n", 1)[0].split()
-        path = urlsplit(request_line[1].decode("latin-1")).path if len(request_line) == 3 else ""
+        path = _path(request_line[1].decode("latin-1")) if len(request_line) == 3 else None
         probe = path in UNAUTHENTICATED_PATHS and path != self.web.telemetry_path
         (self._probes if probe else self._handlers).put(exchange)
 
     def _handle(self, exchange: Exchange) -> None:
-        handler = _Handler(self, exchange)
+        try:
+            handler = _Handler(self, exchange)
+        except Exception:
+            log.exception("handling a request from %s failed", exchange.client[0])
+            self.connections.respond(exchange, (_FAILED,), close=True)
+            return
         credentials = handler.needs_check
         if credentials is None:
-            self.connections.respond(exchange, handler.output.parts, handler.close_connection)
+            delay = REFUSAL_DELAY_SECONDS if handler.refused else 0.0
+            self.connections.respond(
+                exchange, handler.output.parts, handler.close_connection, delay
+            )
             return
 
         def checked(verdict: bool | None) -> None:
@@ -190,6 +202,21 @@ class MetricsServer:
         if not self.security.check_later(*credentials, str(exchange.client[0]), checked):
             exchange.decided = (credentials, None)  # no room to wait: 429 at once
             self._handle(exchange)
+
+
+_FAILED = (
+    b"HTTP/1.1 500 Internal Server Error\r\nContent-Type: text/plain; charset=utf-8\r\n"
+    b"Content-Length: 22\r\nConnection: close\r\n\r\nerror handling request"
+)
+
+
+def _path(target: str) -> str | None:
+    """The path of a request target, or None when it cannot be parsed (an unclosed IPv6
+    literal makes urlsplit raise)."""
+    try:
+        return urlsplit(target).path
+    except ValueError:
+        return None
 
 
 class _Output:
@@ -256,6 +283,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.output = _Output()
         self.wfile = self.output  # type: ignore[assignment]
         self.needs_check: tuple[str, str] | None = None  # credentials to check before answering
+        self.refused = False  # answered 429: too many password checks waiting
         self.close_connection = True
         self.handle_one_request()
         if self.needs_check is not None:
@@ -277,7 +305,11 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             self._send(400, "text/plain; charset=utf-8", b"a GET or HEAD request has no body\n")
             return
-        path = urlsplit(self.path).path
+        path = _path(self.path)
+        if path is None:
+            self.close_connection = True
+            self._send(400, "text/plain; charset=utf-8", b"bad request target\n")
+            return
         web = self.exporter.web
         public = path in UNAUTHENTICATED_PATHS and path != web.telemetry_path
         if self.exporter.security.users and not public:
@@ -285,6 +317,7 @@ class _Handler(BaseHTTPRequestHandler):
             if verdict is None and self.needs_check is not None:
                 return  # answered once the password is checked
             if verdict is None:
+                self.refused = True
                 self._send(429, "text/plain; charset=utf-8", b"too many password checks\n",
                            extra={"Retry-After": "1"})  # fmt: skip
                 return
