@@ -200,7 +200,7 @@ class MetricsServer:
             self._handlers.put(exchange)  # answered again, the verdict now known
 
         if not self.security.check_later(*credentials, str(exchange.client[0]), checked):
-            exchange.decided = (credentials, None)  # no room to wait: 429 at once
+            exchange.decided = (credentials, None)  # no room to wait: 429
             self._handle(exchange)
 
 
