@@ -19,7 +19,7 @@ import pytest
 
 from checkpoint_exporter import webconfig
 from checkpoint_exporter.webconfig import AuthBusy, WebSecurity
-from tests.conftest import Exporter, require_tool, run_cli, write_config
+from tests.conftest import Exporter, require_tool, run_cli, wait_for, write_config
 
 pytestmark = [pytest.mark.daemon]
 
@@ -438,20 +438,42 @@ def test_longer_passwords_are_not_matched_on_their_first_72_bytes() -> None:
     assert not security.authorized("prometheus", password + "extra")
 
 
+def hold_checks(security: WebSecurity) -> tuple[threading.Event, list[bytes]]:
+    """Every bcrypt check of ``security`` waits for the returned event (a long check in
+    progress); the list records the passwords checked, in order."""
+    release = threading.Event()
+    checked: list[bytes] = []
+    check = security._check
+
+    def held(expected: bytes | None, password: bytes) -> bool:
+        checked.append(password)
+        release.wait()
+        return check(expected, password)
+
+    security._check = held  # type: ignore[method-assign]
+    return release, checked
+
+
 def test_a_queue_of_password_checks_is_bounded(monkeypatch) -> None:
     security = _security(prometheus=_hash(PASSWORD))
     assert security.authorized("prometheus", PASSWORD)
-    security._bcrypt.acquire()  # a long check in progress
+    release, checked = hold_checks(security)
+    answers: list[bool | None] = []
+    assert security.check_later("prometheus", "first", "10.0.0.1", answers.append)
+    wait_for(lambda: checked == [b"first"])  # a long check in progress
     try:
-        monkeypatch.setattr(webconfig, "MAX_WAIT_SECONDS", 0.05)
+        monkeypatch.setattr(webconfig, "MAX_WAIT_SECONDS", -1.0)  # whatever waits, too long
+        assert security.check_later("prometheus", "late", "10.0.0.2", answers.append)
+        assert security.waiting() == 1 and answers == []
+        monkeypatch.setattr(webconfig, "MAX_WAITING_CHECKS", 1)
         with pytest.raises(AuthBusy):
-            security.authorized("prometheus", "guess")  # waited its time, then gave up
-        monkeypatch.setattr(webconfig, "MAX_WAITING_CHECKS", 0)
-        with pytest.raises(AuthBusy):
-            security.authorized("prometheus", "guess")  # refused without waiting
+            security.authorized("prometheus", "guess", "10.0.0.3")  # refused without waiting
         assert security.authorized("prometheus", PASSWORD)  # cached: never waits
     finally:
-        security._bcrypt.release()
+        release.set()
+    wait_for(lambda: len(answers) == 2)
+    assert answers == [False, None]  # "late" waited past its time: never checked, busy
+    assert checked == [b"first"]
 
 
 def test_too_many_waiting_checks_get_429(monkeypatch) -> None:

@@ -18,6 +18,8 @@ import difflib
 import math
 import os
 import re
+import stat
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -402,22 +404,113 @@ def read_yaml(text: str, file: str) -> YamlDocument:
             loader.dispose()
 
 
+# What reading one configuration file may cost (the exporter config, at start and on SIGHUP;
+# the web config; the mixin config; check-config). A config path is the operator's, but what it
+# names may not be a file: a FIFO would block open() for good, /dev/zero would be read until
+# memory runs out, a file on a hung mount would never answer.
+MAX_CONFIG_BYTES = 4 * 1024 * 1024
+CONFIG_READ_SECONDS = 5.0
+MAX_HUNG_READS = 4  # reads given up but still stuck in the kernel; then none is tried
+_hung = 0
+_hung_lock = threading.Lock()
+
+_FILE_TYPES = (
+    (stat.S_ISDIR, "is a directory, not a file"),
+    (stat.S_ISFIFO, "not a regular file (a FIFO)"),
+    (stat.S_ISCHR, "not a regular file (a character device)"),
+    (stat.S_ISBLK, "not a regular file (a block device)"),
+    (stat.S_ISSOCK, "not a regular file (a socket)"),
+)
+
+
+class _Refused(Exception):
+    """The file is there but is not one to read; the message says why."""
+
+
+def hung_reads() -> int:
+    """Reads given up at their deadline and not returned yet."""
+    return _hung
+
+
 def read_config_text(path: str | os.PathLike[str]) -> str:
-    """A config file's text, or a ConfigError naming the file and why it cannot be read."""
+    """A config file's text, or a ConfigError naming the file and why it cannot be read: not a
+    regular file, larger than MAX_CONFIG_BYTES, not UTF-8, or no answer within
+    CONFIG_READ_SECONDS (the read is left to its thread; a later read does not wait for it)."""
+    global _hung
     file = Path(path)
+    outcome: list[str | BaseException] = []
+    state = {"done": False, "given_up": False}
+
+    def read() -> None:
+        global _hung
+        try:
+            outcome.append(_read_regular(file, MAX_CONFIG_BYTES))
+        except BaseException as error:  # handed to the caller
+            outcome.append(error)
+        with _hung_lock:
+            state["done"] = True
+            if state["given_up"]:
+                _hung -= 1
+
+    with _hung_lock:
+        if _hung >= MAX_HUNG_READS:
+            raise _problem(file, f"not read: {_hung} earlier reads of configuration files have "
+                           "not returned (a hung mount?)")  # fmt: skip
+    reader = threading.Thread(target=read, name="config read", daemon=True)
+    reader.start()
+    reader.join(CONFIG_READ_SECONDS)
+    with _hung_lock:
+        if not state["done"]:
+            state["given_up"] = True
+            _hung += 1
+            raise _problem(file, f"did not answer within {CONFIG_READ_SECONDS:g} s (a hung mount?)")
+    result = outcome[0]
+    if isinstance(result, str):
+        return result
+    raise _problem(file, _reason(result)) from None
+
+
+def _read_regular(file: Path, limit: int) -> str:
+    """The text of ``file`` if it is a regular file of at most ``limit`` bytes. Symlinks are
+    followed (the operator's, as a ConfigMap's); O_NONBLOCK so a FIFO cannot block the open."""
+    fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
-        return file.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        reason = "file does not exist"
-    except IsADirectoryError:
-        reason = "is a directory, not a file"
-    except PermissionError:
-        reason = "permission denied"
-    except UnicodeDecodeError as error:
-        reason = f"not UTF-8 text: {error.reason}"
-    except OSError as error:
-        reason = error.strerror or str(error)
-    raise ConfigError([ConfigProblem(str(file), "", reason)])
+        mode = os.fstat(fd)
+        for is_type, reason in _FILE_TYPES:
+            if is_type(mode.st_mode):
+                raise _Refused(reason)
+        if not stat.S_ISREG(mode.st_mode):
+            raise _Refused("not a regular file")
+        too_large = f"larger than {limit // 1024 // 1024} MiB: not a configuration file"
+        if mode.st_size > limit:
+            raise _Refused(too_large)
+        chunks, total = [], 0
+        while chunk := os.read(fd, min(1024 * 1024, limit + 1 - total)):
+            total += len(chunk)
+            if total > limit:  # it grew while read
+                raise _Refused(too_large)
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode("utf-8")
+
+
+def _reason(error: BaseException) -> str:
+    if isinstance(error, _Refused):
+        return str(error)
+    if isinstance(error, FileNotFoundError):
+        return "file does not exist"
+    if isinstance(error, PermissionError):
+        return "permission denied"
+    if isinstance(error, UnicodeDecodeError):
+        return f"not UTF-8 text: {error.reason}"
+    if isinstance(error, OSError):
+        return error.strerror or str(error)
+    raise error  # not a reading problem: a bug, let it show
+
+
+def _problem(file: Path, reason: str) -> ConfigError:
+    return ConfigError([ConfigProblem(str(file), "", reason)])
 
 
 def read_yaml_file(path: str | os.PathLike[str]) -> YamlDocument:

@@ -19,17 +19,21 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import re
 import secrets
 import ssl
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from checkpoint_exporter.schema import Field, Problems, read_mapping_file
+
+log = logging.getLogger(__name__)
 
 _CLIENT_AUTH = {
     "NoClientCert": ssl.CERT_NONE,
@@ -58,15 +62,25 @@ class AuthBusy(Exception):
     """Too many password checks are already waiting: answer 429 rather than queue another."""
 
 
-# Password checks that may wait for the bcrypt slot, and for how long, before the request is
-# answered 429: a flood of guesses queues here, bounded, instead of taking every core.
+# Password checks run one at a time, on a thread of their own, so waiting for one costs no
+# handler thread; they wait in a bounded queue, and a check that has not begun within
+# MAX_WAIT_SECONDS is answered 429. Whose check comes next: first a credential that succeeded
+# before (its own small budget, RESERVED_CHECKS, which no flood of new passwords can fill),
+# then the waiting clients' in turn, one each, so a flood from one address cannot take another
+# address's turn (PER_CLIENT_CHECKS waiting per address, MAX_WAITING_CHECKS in all).
 MAX_WAITING_CHECKS = 64
+PER_CLIENT_CHECKS = 4
+RESERVED_CHECKS = 4
 MAX_WAIT_SECONDS = 10.0
 # How long a verdict is remembered. A success is refreshed on every use, so a scraper whose
 # credentials are in use never needs bcrypt again (and never waits behind a flood of guesses);
 # a failure expires on time, and failures live apart so guesses can never evict a success.
 SUCCESS_TTL_SECONDS = 300.0
 FAILURE_TTL_SECONDS = 300.0
+# A credential that succeeded is remembered as such for longer (refreshed on each success): once
+# its cached verdict expires (Prometheus paused, or restarted its scrapes), its next check
+# takes the reserved budget.
+PROVEN_TTL_SECONDS = 7 * 86400.0
 _MAX_SUCCESSES = 256
 _MAX_FAILURES = 4096
 _BCRYPT_MAX_PASSWORD = 72  # bytes; bcrypt 5 refuses longer passwords
@@ -74,6 +88,22 @@ _BCRYPT_MAX_PASSWORD = 72  # bytes; bcrypt 5 refuses longer passwords
 # checks run one at a time: htpasswd -B (4..17) is the bound here.
 BCRYPT_COSTS = range(4, 18)
 _BCRYPT_HASH = re.compile(r"\$2[aby]\$(\d\d)\$[./A-Za-z0-9]{53}")
+
+Verdict = Callable[[bool | None], None]  # True, False, or None: not checked (busy)
+
+
+@dataclass(eq=False)
+class _Check:
+    """A password check waiting for its turn. Holds the password until then (at most
+    MAX_WAIT_SECONDS); the caches keep only HMACs."""
+
+    key: bytes
+    expected: bytes | None
+    password: bytes
+    client: str
+    proven: bool
+    queued_at: float
+    done: Verdict
 
 
 @dataclass
@@ -85,61 +115,180 @@ class WebSecurity:
     taken does not tell whether a user name exists), only one bcrypt check runs at a time, and
     both verdicts are cached, keyed by user, expected hash and password. Unlike the toolkit,
     the key is an HMAC under a per-process random key (no plaintext password is kept), entries
-    expire, and failures are kept apart from successes so a flood of wrong passwords cannot
-    evict a scraper's cached success.
+    expire, failures are kept apart from successes so a flood of wrong passwords cannot
+    evict a scraper's cached success, and the checks wait in a bounded, fair queue (above).
     """
 
     tls: ssl.SSLContext | None = None
     users: dict[str, bytes] = field(default_factory=dict)  # user -> bcrypt hash
     headers: dict[str, str] = field(default_factory=dict)
-    clock: Any = time.monotonic
+    clock: Any = time.monotonic  # for the verdicts' lifetimes
     _key: bytes = field(default_factory=lambda: secrets.token_bytes(32))
     _successes: OrderedDict[bytes, float] = field(default_factory=OrderedDict)  # -> expiry
     _failures: OrderedDict[bytes, float] = field(default_factory=OrderedDict)
+    _proven: OrderedDict[bytes, float] = field(default_factory=OrderedDict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
-    _bcrypt: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(1))
-    _waiting: int = 0
+    _turn: threading.Condition | None = None  # over _lock: a check was queued
+    _reserved: deque[_Check] = field(default_factory=deque)
+    _waiting: OrderedDict[str, deque[_Check]] = field(default_factory=OrderedDict)  # in turn
+    _queued: int = 0  # checks in _waiting
+    _checker: threading.Thread | None = None
     _dummy: bytes | None = None  # the unknown users' hash, made on first use
     bcrypt_checks: int = 0  # bcrypt computations so far (for tests and debugging)
 
-    def authorized(self, user: str, password: str) -> bool:
-        """Whether ``password`` is ``user``'s. Raises AuthBusy when the check would have to
-        queue behind too many others."""
+    def cached(self, user: str, password: str) -> bool | None:
+        """The remembered verdict on ``password`` for ``user``, or None when it needs a check."""
+        key = self._cache_key(user, self.users.get(user), password)
+        with self._lock:
+            return self._remembered(key, self.clock())
+
+    def check_later(self, user: str, password: str, client: str, done: Verdict) -> bool:
+        """Queue a bcrypt check; ``done`` gets its verdict on the checker's thread, or None when
+        it waited too long. False, and ``done`` is never called, when the queue has no room."""
         expected = self.users.get(user)
         key = self._cache_key(user, expected, password)
-        now = self.clock()
         with self._lock:
-            expiry = self._successes.get(key)
-            if expiry is not None and expiry > now:
-                self._successes[key] = now + SUCCESS_TTL_SECONDS
-                self._successes.move_to_end(key)
-                return True
-            expiry = self._failures.get(key)
-            if expiry is not None and expiry > now:
-                return False
-            if self._waiting >= MAX_WAITING_CHECKS:
-                raise AuthBusy
-            self._waiting += 1
-        try:
-            acquired = self._bcrypt.acquire(timeout=MAX_WAIT_SECONDS)
-        finally:
-            with self._lock:
-                self._waiting -= 1
-        if not acquired:
-            raise AuthBusy
-        try:
-            ok = self._check(expected, password.encode())
-        finally:
-            self._bcrypt.release()
-        with self._lock:
-            cache, limit = (
-                (self._successes, _MAX_SUCCESSES) if ok else (self._failures, _MAX_FAILURES)
+            proven = self._live(self._proven, key, self.clock())
+            return self._enqueue(
+                _Check(key, expected, password.encode(), client, proven, time.monotonic(), done)
             )
-            cache[key] = self.clock() + (SUCCESS_TTL_SECONDS if ok else FAILURE_TTL_SECONDS)
-            cache.move_to_end(key)
-            while len(cache) > limit:
-                cache.popitem(last=False)
+
+    def authorized(self, user: str, password: str, client: str = "") -> bool:
+        """Whether ``password`` is ``user``'s, waiting for a check when needed. Raises AuthBusy
+        when the check would queue behind too many others, or waited too long."""
+        verdict = self.cached(user, password)
+        if verdict is not None:
+            return verdict
+        answered = threading.Event()
+        outcome: list[bool | None] = []
+
+        def done(result: bool | None) -> None:
+            outcome.append(result)
+            answered.set()
+
+        if not self.check_later(user, password, client, done):
+            raise AuthBusy
+        answered.wait()
+        if outcome[0] is None:
+            raise AuthBusy
+        return outcome[0]
+
+    def waiting(self) -> int:
+        """Checks queued, not yet begun (for tests and debugging)."""
+        with self._lock:
+            return self._queued + len(self._reserved)
+
+    # --- the queue, under _lock ------------------------------------------------------------
+
+    def _remembered(self, key: bytes, now: float) -> bool | None:
+        if self._live(self._successes, key, now):
+            self._successes[key] = now + SUCCESS_TTL_SECONDS
+            self._successes.move_to_end(key)
+            return True
+        if self._live(self._failures, key, now):
+            return False
+        return None
+
+    @staticmethod
+    def _live(cache: OrderedDict[bytes, float], key: bytes, now: float) -> bool:
+        expiry = cache.get(key)
+        return expiry is not None and expiry > now
+
+    def _enqueue(self, check: _Check) -> bool:
+        if check.proven:
+            if len(self._reserved) >= RESERVED_CHECKS:
+                return False
+            self._reserved.append(check)
+        else:
+            mine = self._waiting.get(check.client)
+            if self._queued >= MAX_WAITING_CHECKS or (mine and len(mine) >= PER_CLIENT_CHECKS):
+                return False
+            self._waiting.setdefault(check.client, deque()).append(check)
+            self._queued += 1
+        if self._turn is None:
+            self._turn = threading.Condition(self._lock)
+        if self._checker is None:
+            self._checker = threading.Thread(target=self._run, name="password checks",
+                                             daemon=True)  # fmt: skip
+            self._checker.start()
+        self._turn.notify()
+        return True
+
+    def _next(self) -> tuple[_Check | None, list[_Check]]:
+        """The next check to run, and the ones that waited too long (answered busy)."""
+        limit = time.monotonic() - MAX_WAIT_SECONDS
+        expired = [c for c in self._reserved if c.queued_at < limit]
+        for check in expired:
+            self._reserved.remove(check)
+        for client, checks in list(self._waiting.items()):
+            while checks and checks[0].queued_at < limit:
+                expired.append(checks.popleft())
+                self._queued -= 1
+            if not checks:
+                del self._waiting[client]
+        if self._reserved:
+            return self._reserved.popleft(), expired
+        if not self._waiting:
+            return None, expired
+        client, checks = next(iter(self._waiting.items()))
+        check = checks.popleft()
+        self._queued -= 1
+        del self._waiting[client]
+        if checks:
+            self._waiting[client] = checks  # to the back: the other clients go first
+        return check, expired
+
+    # --- the checker thread ----------------------------------------------------------------
+
+    def _run(self) -> None:
+        assert self._turn is not None
+        while True:
+            with self._lock:
+                check, expired = self._next()
+                while check is None and not expired:
+                    self._turn.wait()
+                    check, expired = self._next()
+            for late in expired:
+                self._answer(late, None)
+            if check is not None:
+                try:
+                    verdict: bool | None = self._verdict(check)
+                except Exception:
+                    log.exception("a password check failed")
+                    verdict = None  # busy: the client may try again
+                self._answer(check, verdict)
+
+    @staticmethod
+    def _answer(check: _Check, verdict: bool | None) -> None:
+        try:
+            check.done(verdict)
+        except Exception:  # the caller's: it must not stop the checks of everyone else
+            log.exception("answering a password check failed")
+
+    def _verdict(self, check: _Check) -> bool:
+        with self._lock:
+            verdict = self._remembered(check.key, self.clock())  # the same credential twice
+        if verdict is not None:
+            return verdict
+        ok = self._check(check.expected, check.password)
+        with self._lock:
+            now = self.clock()
+            if ok:
+                self._remember(self._successes, check.key, now + SUCCESS_TTL_SECONDS,
+                               _MAX_SUCCESSES)  # fmt: skip
+                self._remember(self._proven, check.key, now + PROVEN_TTL_SECONDS,
+                               _MAX_SUCCESSES)  # fmt: skip
+            else:
+                self._remember(self._failures, check.key, now + FAILURE_TTL_SECONDS,
+                               _MAX_FAILURES)  # fmt: skip
         return ok
+
+    @staticmethod
+    def _remember(cache: OrderedDict[bytes, float], key: bytes, expiry: float, limit: int) -> None:
+        cache[key] = expiry
+        cache.move_to_end(key)
+        while len(cache) > limit:
+            cache.popitem(last=False)
 
     def _cache_key(self, user: str, expected: bytes | None, password: str) -> bytes:
         mac = hmac.new(self._key, digestmod=hashlib.sha256)
@@ -149,7 +298,7 @@ class WebSecurity:
         return mac.digest()
 
     def _check(self, expected: bytes | None, password: bytes) -> bool:
-        """One bcrypt computation, whether or not the user exists. Holds the bcrypt slot."""
+        """One bcrypt computation, whether or not the user exists (on the checker's thread)."""
         import bcrypt
 
         self.bcrypt_checks += 1

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from html import escape
@@ -191,8 +192,28 @@ def to_json(report: Report) -> str:
 LABEL = {PASS: "PASS", FAIL: "FAIL", NOT_MEASURED: "NOT MEASURED", INFO: "INFO"}
 
 
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+# Everything Markdown could read as syntax. Label values (job names, instances, reasons) come
+# from Prometheus and may hold anything: escaped, they are text, never a link, an image, a tag,
+# a table cell or a heading of their own. An underscore inside a word is left as it is (it
+# cannot start emphasis there, and commit_bound stays readable in the file).
+_MARKDOWN = re.compile(r"[\\`*\[\]<>|~&!#]|(?<![0-9A-Za-z])_|_(?![0-9A-Za-z])")
+
+
+def _md(text: object) -> str:
+    """``text`` as Markdown text: syntax escaped, line breaks as spaces."""
+    return _MARKDOWN.sub(lambda m: "\\" + m.group(), " ".join(str(text).splitlines()))
+
+
+def _code(text: str) -> str:
+    """``text`` as a code span: fenced by more backticks than any run of them inside."""
+    fence = "`" * (max((len(run) for run in re.findall("`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{' '.join(text.splitlines())}{pad}{fence}"
+
+
+def _fence(text: str) -> str:
+    """A fence for a code block holding ``text``."""
+    return "`" * max(3, max((len(run) for run in re.findall("`+", text)), default=0) + 1)
 
 
 def _value(value: object) -> str:
@@ -217,46 +238,50 @@ def to_markdown(report: Report) -> str:
     out = [
         f"# Checkpoint storage acceptance: {LABEL[report.verdict]}",
         "",
-        f"- Prometheus: `{report.prometheus_url}`, selector `{{{report.selector}}}`",
+        f"- Prometheus: {_code(report.prometheus_url)}, selector {_code(f'{{{report.selector}}}')}",
         f"- Range: {iso(report.start)} to {iso(report.end)} ({round(report.end - report.start)} s)",
-        f"- Jobs: {', '.join(report.jobs) or 'none'}",
-        f"- Objectives from: {', '.join(report.objectives_from) or 'the exported series'}",
-        f"- Generated {iso(report.generated)} by checkpoint-exporter {report.version}; "
+        f"- Jobs: {_md(', '.join(report.jobs) or 'none')}",
+        f"- Objectives from: {_md(', '.join(report.objectives_from) or 'the exported series')}",
+        f"- Generated {iso(report.generated)} by checkpoint-exporter {_md(report.version)}; "
         f"exit status {report.exit_status}",
-        *(f"- Note: {note}" for note in report.notes),
+        *(f"- Note: {_md(note)}" for note in report.notes),
         "",
         "| Checklist item | Verdict | Summary |",
         "|---|---|---|",
     ]
-    out += [f"| {row.title} | {LABEL[row.verdict]} | {_cell(row.summary)} |" for row in report.rows]
+    out += [
+        f"| {_md(row.title)} | {LABEL[row.verdict]} | {_md(row.summary)} |" for row in report.rows
+    ]
     for row in report.rows:
         out += [
             "",
-            f"## {row.title}: {LABEL[row.verdict]}",
+            f"## {_md(row.title)}: {LABEL[row.verdict]}",
             "",
-            f"_{row.checklist}_",
+            f"_{_md(row.checklist)}_",
             "",
-            row.summary,
+            _md(row.summary),
         ]
         if row.what_to_run:
-            out += ["", f"What to run: {row.what_to_run}"]
+            out += ["", f"What to run: {_md(row.what_to_run)}"]
         if row.jobs:
             out += ["", "| Job | Verdict | Detail |", "|---|---|---|"]
             out += [
-                f"| {job} | {LABEL[v.verdict]} | {_cell('; '.join(v.reasons))} |"
+                f"| {_md(job)} | {LABEL[v.verdict]} | {_md('; '.join(v.reasons))} |"
                 for job, v in row.jobs.items()
             ]
         values = [(job, v.values) for job, v in row.jobs.items() if v.values]
         if values or row.values:
             out += ["", "Values:", ""]
-            out += [f"- {job}: {_cell(_value(dict(v)))}" for job, v in values]
+            out += [f"- {_md(job)}: {_md(_value(dict(v)))}" for job, v in values]
             if row.values:
-                out.append(f"- row: {_cell(_value(dict(row.values)))}")
+                out.append(f"- row: {_md(_value(dict(row.values)))}")
         for name, expr in row.queries:
-            out += ["", f"`{name}`:", "", "```promql", expr, "```"]
+            fence = _fence(expr)
+            out += ["", f"{_code(name)}:", "", f"{fence}promql", expr, fence]
     out += ["", "## Charts", ""]
     out += [
-        f"- {chart.title} ({'no data' if chart.empty else chart.kind})" for chart in report.charts
+        f"- {_md(chart.title)} ({'no data' if chart.empty else chart.kind})"
+        for chart in report.charts
     ]
     return "\n".join(out) + "\n"
 

@@ -4,6 +4,7 @@ the rows, the report, the exit status (0 every measured row passed, 1 a measured
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 import sys
@@ -26,6 +27,8 @@ from checkpoint_exporter.acceptance.report import Report, build_charts, summary_
 from checkpoint_exporter.acceptance.rows import ROWS, Context, Objectives, Row
 from checkpoint_exporter.schema import ConfigError
 from checkpoint_exporter.units import parse_duration
+
+log = logging.getLogger(__name__)
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 DEFAULT_SELECTOR = 'job="checkpoint-exporter"'  # the mixin's default selector
@@ -219,6 +222,43 @@ def judge(results: Mapping[str, Sequence[object]], ctx: Context, selector: str) 
     return tuple(rows)
 
 
+def _report(
+    request: Request,
+    span: TimeRange,
+    now: float,
+    jobs: list[str],
+    notes: list[str],
+    results: dict[str, list],
+    objectives: dict[str, Objectives],
+    parameters: float | None,
+) -> Report:
+    """The rows and charts judged from ``results``, as a report."""
+    ctx = Context(
+        jobs=tuple(jobs),
+        start=span.start,
+        end=span.end,
+        objectives=objectives,
+        parameters=parameters,
+        bytes_per_parameter=request.bytes_per_parameter,
+        size_tolerance=request.size_tolerance,
+        config_file=request.config_file,
+    )
+    sources = sorted({o.source.split(" ")[0] for o in objectives.values()})
+    return Report(
+        prometheus_url=request.prometheus_url,
+        selector=request.selector,
+        start=span.start,
+        end=span.end,
+        generated=now,
+        version=__version__,
+        jobs=tuple(jobs),
+        rows=judge(results, ctx, request.selector),
+        charts=build_charts(results, ctx),  # type: ignore[arg-type]
+        objectives_from=tuple(sources),
+        notes=tuple(notes),
+    )
+
+
 def run(request: Request, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
     now = time.time()
     try:
@@ -261,36 +301,22 @@ def run(request: Request, out: TextIO = sys.stdout, err: TextIO = sys.stderr) ->
         )
         return EXIT_USAGE
     objectives = resolve_objectives(jobs, named, rest, plan)
-    ctx = Context(
-        jobs=tuple(jobs),
-        start=span.start,
-        end=span.end,
-        objectives=objectives,
-        parameters=parameters,
-        bytes_per_parameter=request.bytes_per_parameter,
-        size_tolerance=request.size_tolerance,
-        config_file=request.config_file,
-    )
-    rows = judge(results, ctx, request.selector)
-    sources = sorted({o.source.split(" ")[0] for o in objectives.values()})
-    report = Report(
-        prometheus_url=request.prometheus_url,
-        selector=request.selector,
-        start=span.start,
-        end=span.end,
-        generated=now,
-        version=__version__,
-        jobs=tuple(jobs),
-        rows=rows,
-        charts=build_charts(results, ctx),  # type: ignore[arg-type]
-        objectives_from=tuple(sources),
-        notes=tuple(notes),
-    )
     try:
+        report = _report(request, span, now, jobs, notes, results, objectives, parameters)
         paths = write(report, Path(request.output))
     except OSError as error:
         print(
             f"acceptance: cannot write the report to {request.output}: {error.strerror or error}",
+            file=err,
+        )
+        return EXIT_USAGE
+    except (ArithmeticError, ValueError, TypeError, LookupError, RecursionError) as error:
+        # Whatever the answers held that the client let through: still bad input, never a
+        # traceback, and never exit 1 (which says a measured row failed).
+        log.debug("judging the answers failed", exc_info=True)
+        print(
+            f"acceptance: cannot judge the answers of Prometheus at {request.prometheus_url}: "
+            f"{type(error).__name__}: {error}",
             file=err,
         )
         return EXIT_USAGE

@@ -1,19 +1,25 @@
 """HTTP: the landing page, /metrics, /healthz, /readyz and /runbooks. Renders the current
-snapshot; no other I/O."""
+snapshot; no other I/O.
+
+The sockets are the connection loop's (connections.py): it hands each complete request head to
+a bounded pool of handler threads, the probes to a pool of their own, so neither a storm of
+connections nor slow clients nor a flood of password guesses can keep /healthz and /readyz
+from answering (docs/security.md, "The metrics endpoint").
+"""
 
 from __future__ import annotations
 
 import base64
-import contextlib
 import errno
 import gzip
+import io
 import logging
+import queue
 import socket
-import ssl
 import threading
+import time
 from collections.abc import Callable, Sequence
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from http.server import BaseHTTPRequestHandler
 from urllib.parse import urlsplit
 
 from prometheus_client.exposition import choose_encoder
@@ -21,8 +27,9 @@ from prometheus_client.exposition import choose_encoder
 from checkpoint_exporter import __version__
 from checkpoint_exporter.config import ListenAddress, WebConfig, parse_listen_address
 from checkpoint_exporter.exposition import landing, runbooks_page
+from checkpoint_exporter.exposition.connections import ConnectionLoop, Exchange
 from checkpoint_exporter.exposition.renderer import Encoder, Renderer
-from checkpoint_exporter.webconfig import AuthBusy, WebSecurity
+from checkpoint_exporter.webconfig import WebSecurity
 
 log = logging.getLogger(__name__)
 
@@ -31,43 +38,22 @@ log = logging.getLogger(__name__)
 # credentials, and the answers say only "ok" or why not (a reason that names no job or path).
 # Everything else, the landing page and the runbooks included, needs them (docs/security.md).
 UNAUTHENTICATED_PATHS = ("/healthz", "/readyz")
-MAX_DRAINED_BODY = 64 * 1024  # a body on GET is refused; up to this much is read off first
+# Handler threads: they only compute (the loop does the network, the password checker the
+# waiting), so a few are enough; the probes have their own, so a queue of renders never delays
+# them.
+WORKERS = 8
+PROBE_WORKERS = 2
+# A 429 is written this long after it is decided (its Retry-After): a client that retries at
+# once is held to about one refusal a second per connection, instead of as many as the server
+# can write (the held connection costs a socket, and is the first to go when room is needed).
+REFUSAL_DELAY_SECONDS = 1.0
+# socketserver's default listen backlog is 5: a burst of connections (several Prometheus
+# replicas, a probe, a few slow clients) would have SYNs dropped and wait out a 1 s retransmit.
+# The kernel caps it at net.core.somaxconn.
+LISTEN_BACKLOG = 1024
 
 
-class _DualStackServer(ThreadingHTTPServer):
-    daemon_threads = True
-    # Prometheus restarts scrapes quickly after an exporter restart; don't wait out TIME_WAIT.
-    allow_reuse_address = True
-    # socketserver's default listen backlog is 5: a burst of connections (several Prometheus
-    # replicas, a probe, a few slow clients) would have SYNs dropped and wait out a 1 s
-    # retransmit. The kernel caps it at net.core.somaxconn.
-    request_queue_size = 1024
-    tls: ssl.SSLContext | None = None
-
-    def finish_request(self, request: Any, client_address: Any) -> None:
-        """TLS is negotiated here, on the connection's own thread, so a slow or hostile client
-        never holds up accept()."""
-        if self.tls is None:
-            super().finish_request(request, client_address)
-            return
-        request.settimeout(10)
-        try:
-            secured = self.tls.wrap_socket(request, server_side=True)
-        except (ssl.SSLError, OSError) as error:
-            log.debug("TLS handshake with %s failed: %s", client_address, error)
-            return
-        try:
-            super().finish_request(secured, client_address)
-        finally:
-            secured.close()
-
-    def server_bind(self) -> None:
-        if self.address_family == socket.AF_INET6 and self.server_address[0] == "::":
-            self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-        super().server_bind()
-
-
-def _bind(host: str, port: int, handler: type[BaseHTTPRequestHandler]) -> ThreadingHTTPServer:
+def _listen(host: str, port: int) -> socket.socket:
     if host:
         candidates = [(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0], host)]
     else:
@@ -75,14 +61,50 @@ def _bind(host: str, port: int, handler: type[BaseHTTPRequestHandler]) -> Thread
         candidates = [(socket.AF_INET6, "::")] if socket.has_ipv6 else []
         candidates.append((socket.AF_INET, "0.0.0.0"))
     for attempt, (family, bind_host) in enumerate(candidates, start=1):
-        server_class = type("_Server", (_DualStackServer,), {"address_family": family})
+        listener = socket.socket(family, socket.SOCK_STREAM)
         try:
-            return server_class((bind_host, port), handler)
+            # Prometheus restarts scrapes quickly after an exporter restart: no TIME_WAIT wait.
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6 and bind_host == "::":
+                listener.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            listener.bind((bind_host, port))
+            listener.listen(LISTEN_BACKLOG)
+            return listener
         except OSError as error:
+            listener.close()
             if attempt == len(candidates) or error.errno == errno.EADDRINUSE:
                 raise
             log.debug("cannot listen on %s (%s); trying the next address family", bind_host, error)
     raise AssertionError("unreachable")
+
+
+class _Pool:
+    """``size`` daemon threads running ``handle`` on what is put."""
+
+    def __init__(self, name: str, size: int, handle: Callable[[Exchange], None]) -> None:
+        self._queue: queue.SimpleQueue[Exchange | None] = queue.SimpleQueue()
+        self._handle = handle
+        self._threads = [
+            threading.Thread(target=self._run, name=f"{name}-{n}", daemon=True) for n in range(size)
+        ]
+
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
+
+    def put(self, exchange: Exchange) -> None:
+        self._queue.put(exchange)
+
+    def stop(self) -> None:
+        for _ in self._threads:
+            self._queue.put(None)
+
+    def _run(self) -> None:
+        while (exchange := self._queue.get()) is not None:
+            try:
+                self._handle(exchange)
+            except Exception:
+                log.exception("handling a request failed")
 
 
 HealthCheck = Callable[[], str | None]  # None: healthy (or ready); else the reason it is not
@@ -105,6 +127,7 @@ class MetricsServer:
         *,
         liveness: HealthCheck | None = None,
         readiness: HealthCheck | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.web = web
         self.renderer = renderer
@@ -112,14 +135,17 @@ class MetricsServer:
         self.liveness = liveness
         self.readiness = readiness
         address = parse_listen_address(web.listen_address)
-        handler = type("_BoundHandler", (_Handler,), {"exporter": self})
-        self._httpd = _bind(address.host, address.port, handler)
-        self._httpd.tls = self.security.tls
+        self._listener = _listen(address.host, address.port)
+        self.connections = ConnectionLoop(
+            self._listener, self.security.tls, self._dispatch, clock=clock
+        )
+        self._handlers = _Pool("http", WORKERS, self._handle)
+        self._probes = _Pool("http-probe", PROBE_WORKERS, self._handle)
         self._thread: threading.Thread | None = None
 
     @property
     def address(self) -> ListenAddress:
-        host, port = self._httpd.server_address[:2]
+        host, port = self._listener.getsockname()[:2]
         return ListenAddress(str(host), int(port))
 
     @property
@@ -134,19 +160,78 @@ class MetricsServer:
         return self.renderer.render_parts(encoder)
 
     def start(self) -> None:
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever,
-            kwargs={"poll_interval": 0.2},
-            name="http",
-            daemon=True,
-        )
+        self._handlers.start()
+        self._probes.start()
+        self._thread = threading.Thread(target=self.connections.run, name="http", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
+        self.connections.stop()
         if self._thread is not None:
-            self._httpd.shutdown()
             self._thread.join(timeout=2)
-        self._httpd.server_close()
+        self._handlers.stop()
+        self._probes.stop()
+        self._listener.close()
+
+    def _dispatch(self, exchange: Exchange) -> None:
+        """On the loop's thread: a probe to the probes' pool, anything else to the handlers."""
+        request_line = exchange.head.split(b"\n", 1)[0].split()
+        path = _path(request_line[1].decode("latin-1")) if len(request_line) == 3 else None
+        probe = path in UNAUTHENTICATED_PATHS and path != self.web.telemetry_path
+        (self._probes if probe else self._handlers).put(exchange)
+
+    def _handle(self, exchange: Exchange) -> None:
+        try:
+            handler = _Handler(self, exchange)
+        except Exception:
+            log.exception("handling a request from %s failed", exchange.client[0])
+            self.connections.respond(exchange, (_FAILED,), close=True)
+            return
+        credentials = handler.needs_check
+        if credentials is None:
+            delay = REFUSAL_DELAY_SECONDS if handler.refused else 0.0
+            self.connections.respond(
+                exchange, handler.output.parts, handler.close_connection, delay
+            )
+            return
+
+        def checked(verdict: bool | None) -> None:
+            exchange.decided = (credentials, verdict)
+            self._handlers.put(exchange)  # answered again, the verdict now known
+
+        if not self.security.check_later(*credentials, str(exchange.client[0]), checked):
+            exchange.decided = (credentials, None)  # no room to wait: 429
+            self._handle(exchange)
+
+
+_FAILED = (
+    b"HTTP/1.1 500 Internal Server Error\r\nContent-Type: text/plain; charset=utf-8\r\n"
+    b"Content-Length: 22\r\nConnection: close\r\n\r\nerror handling request"
+)
+
+
+def _path(target: str) -> str | None:
+    """The path of a request target, or None when it cannot be parsed (an unclosed IPv6
+    literal makes urlsplit raise)."""
+    try:
+        return urlsplit(target).path
+    except ValueError:
+        return None
+
+
+class _Output:
+    """What a handler writes: kept as parts (a rendered body is not copied) for the loop."""
+
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+
+    def write(self, data: bytes) -> int:
+        if data:
+            self.parts.append(bytes(data))
+        return len(data)
+
+    def flush(self) -> None:
+        pass
 
 
 def gzip_accepted(header: str) -> bool:
@@ -182,13 +267,27 @@ def gzip_accepted(header: str) -> bool:
 
 
 class _Handler(BaseHTTPRequestHandler):
-    exporter: MetricsServer
+    """One request, from its head (read by the loop) to its answer (written by the loop)."""
+
     server_version = f"checkpoint-exporter/{__version__}"
     sys_version = ""  # don't advertise the Python version to the network
     protocol_version = "HTTP/1.1"
-    timeout = 30  # a stalled client cannot hold a thread forever
-    # Headers and body go out in two writes; with Nagle on, the client's delayed ACK adds 40 ms.
-    disable_nagle_algorithm = True
+
+    def __init__(self, exporter: MetricsServer, exchange: Exchange) -> None:
+        # Not BaseRequestHandler's __init__: there is no socket here, only the head and the
+        # answer's parts.
+        self.exporter = exporter
+        self.exchange = exchange
+        self.client_address = exchange.client
+        self.rfile = io.BytesIO(exchange.head)
+        self.output = _Output()
+        self.wfile = self.output  # type: ignore[assignment]
+        self.needs_check: tuple[str, str] | None = None  # credentials to check before answering
+        self.refused = False  # answered 429: too many password checks waiting
+        self.close_connection = True
+        self.handle_one_request()
+        if self.needs_check is not None:
+            self.output.parts.clear()
 
     def do_GET(self) -> None:
         self._respond(head=False)
@@ -200,24 +299,29 @@ class _Handler(BaseHTTPRequestHandler):
         self._head = head
         if self._has_body():
             # The body would otherwise be read as the next request on this connection (a
-            # request smuggled past whatever checked this one). Refuse and close instead;
-            # a small body is read first, so closing does not reset the connection before
-            # the client has read the answer.
-            self._drain_small_body()
+            # request smuggled past whatever checked this one). Refuse and close instead; the
+            # loop reads and drops what the client still sends for a moment before closing,
+            # so closing does not reset the connection before the client has read the answer.
             self.close_connection = True
             self._send(400, "text/plain; charset=utf-8", b"a GET or HEAD request has no body\n")
             return
-        path = urlsplit(self.path).path
+        path = _path(self.path)
+        if path is None:
+            self.close_connection = True
+            self._send(400, "text/plain; charset=utf-8", b"bad request target\n")
+            return
         web = self.exporter.web
         public = path in UNAUTHENTICATED_PATHS and path != web.telemetry_path
         if self.exporter.security.users and not public:
-            try:
-                authenticated = self._authenticated()
-            except AuthBusy:
+            verdict = self._authenticated()
+            if verdict is None and self.needs_check is not None:
+                return  # answered once the password is checked
+            if verdict is None:
+                self.refused = True
                 self._send(429, "text/plain; charset=utf-8", b"too many password checks\n",
                            extra={"Retry-After": "1"})  # fmt: skip
                 return
-            if not authenticated:
+            if not verdict:
                 self._send(401, "text/plain; charset=utf-8", b"unauthorized\n", challenge=True)
                 return
         if path == web.telemetry_path:
@@ -244,15 +348,9 @@ class _Handler(BaseHTTPRequestHandler):
         length = self.headers.get("Content-Length")
         return length is not None and length.strip() != "0"
 
-    def _drain_small_body(self) -> None:
-        length = self.headers.get("Content-Length", "").strip()
-        if self.headers.get("Transfer-Encoding") is None and length.isdigit():
-            size = int(length)
-            if size <= MAX_DRAINED_BODY:
-                with contextlib.suppress(OSError):
-                    self.rfile.read(size)
-
-    def _authenticated(self) -> bool:
+    def _authenticated(self) -> bool | None:
+        """The verdict on the request's credentials; None when there is none yet: either a
+        check is needed (``needs_check`` says whose) or the checks were too busy."""
         scheme, _, credentials = self.headers.get("Authorization", "").partition(" ")
         if scheme.lower() != "basic":
             return False
@@ -260,7 +358,13 @@ class _Handler(BaseHTTPRequestHandler):
             user, _, password = base64.b64decode(credentials, validate=True).decode().partition(":")
         except (ValueError, UnicodeDecodeError):
             return False
-        return self.exporter.security.authorized(user, password)
+        decided = self.exchange.decided
+        if decided is not None and decided[0] == (user, password):
+            return decided[1]  # checked for this very request: True, False, or None (busy)
+        verdict = self.exporter.security.cached(user, password)
+        if verdict is None:
+            self.needs_check = (user, password)
+        return verdict
 
     def _probe(self, check: HealthCheck | None) -> None:
         try:
