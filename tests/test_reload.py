@@ -76,7 +76,7 @@ def test_a_reload_changing_a_job_takes_effect(tmp_path: Path, exporter) -> None:
 def test_a_reload_changing_a_discover_root_applies_to_its_jobs(tmp_path: Path, exporter) -> None:
     """A discover root's policy changed by reload reaches the jobs already found under it."""
     root = tmp_path / "root"
-    (root / "j1").mkdir(parents=True)
+    dcp_generation(root / "j1" / "step-1")  # an empty directory is no job yet
     spool = f"spool: {tmp_path / 'spool'}\n"
     config = write_config(tmp_path, f"{spool}discover: [{{root: {root}, interval: 15m}}]\n")
     served = exporter("--config.file", str(config))
