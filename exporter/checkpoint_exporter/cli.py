@@ -126,7 +126,8 @@ def _add_plan(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--emit-objectives",
         action="store_true",
-        help="print a defaults: block (interval, deadline) for the exporter config",
+        help="print a defaults: block (interval, deadline, and mtbf when known) for the "
+        "exporter config",
     )
     parser.add_argument(
         "--measured",
@@ -139,7 +140,12 @@ def _add_plan(parser: argparse.ArgumentParser) -> None:
     inputs = parser.add_argument_group("inputs (override --config and --example)")
     for name, spec in INPUT_FIELDS.items():
         meta = spec.metadata
-        default = "required" if meta["required"] else f"default {spec.default}"
+        if meta["required"]:
+            default = "required"
+        elif meta["otherwise"] or spec.default is None:
+            default = meta["otherwise"] or "optional"
+        else:
+            default = f"default {spec.default:g}"
         unit = f" [{meta['unit']}]" if meta["unit"] else ""
         inputs.add_argument(
             "--" + name.replace("_", "-"),
@@ -147,6 +153,34 @@ def _add_plan(parser: argparse.ArgumentParser) -> None:
             metavar="N",
             help=f"{meta['help']}{unit} ({default})",
         )
+    _refuse_unknown_flags(parser)
+
+
+def _refuse_unknown_flags(parser: argparse.ArgumentParser) -> None:
+    """argparse hands a verb's unknown flags up to the top-level parser, whose usage lists the
+    verbs and none of this verb's flags: refuse them here, with the verb's usage (exit 2) and
+    the nearest flag it has."""
+    import difflib
+
+    parse_known_args = parser.parse_known_args
+    flags = [flag for action in parser._actions for flag in action.option_strings]
+
+    def parse_known_args_strictly(
+        args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        namespace, extras = parse_known_args(args, namespace)
+        if extras:
+            hints = [
+                f"{near[0]} for {extra}"
+                for extra in extras
+                if extra.startswith("-")
+                and (near := difflib.get_close_matches(extra.split("=")[0], flags, n=1))
+            ]
+            hint = f"; did you mean {', '.join(hints)}?" if hints else ""
+            parser.error(f"unrecognized arguments: {' '.join(extras)}{hint}")
+        return namespace, extras
+
+    parser.parse_known_args = parse_known_args_strictly  # type: ignore[method-assign]
 
 
 def _add_acceptance(parser: argparse.ArgumentParser) -> None:
@@ -538,6 +572,7 @@ def _plan(args: argparse.Namespace) -> int:
         compute,
         format_table,
         objectives_yaml,
+        overlay,
         parse_inputs,
     )
 
@@ -558,12 +593,11 @@ def _plan(args: argparse.Namespace) -> int:
         if data is not None and not isinstance(data, dict):
             print(f"plan: {args.config}: expected a mapping of inputs", file=sys.stderr)
             return EXIT_USAGE
-        raw.update(data or {})
+        raw = overlay(raw, data or {})
         sources.update({str(name): args.config for name in data or {}})
-    for name in INPUT_FIELDS:
-        if getattr(args, name) is not None:
-            raw[name] = getattr(args, name)
-            sources[name] = "--" + name.replace("_", "-")
+    flags = {name: getattr(args, name) for name in INPUT_FIELDS if getattr(args, name) is not None}
+    raw = overlay(raw, flags)
+    sources.update({name: "--" + name.replace("_", "-") for name in flags})
     measured = None
     if args.measured is not None or args.job is not None:
         measured = _plan_measured(args)

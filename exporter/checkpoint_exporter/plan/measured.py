@@ -26,15 +26,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from checkpoint_exporter.plan import human
 from checkpoint_exporter.plan.worksheet import (
     PlanResult,
     daly_interval,
-    gigabytes,
-    gigabytes_per_second,
     waste_fraction,
     young_interval,
 )
-from checkpoint_exporter.units import format_duration
 
 # The recording rule the mixin records the save cost under (mixin/rules.py SAVE_COST; plan does
 # not import the mixin, a test holds the two equal).
@@ -239,12 +237,7 @@ def measure(url: str, job: str, timeout: float = 10.0) -> Measured:
 # --- presentation ------------------------------------------------------------------------------
 
 
-def _seconds(value: float) -> str:
-    return f"{value:,.1f} s ({format_duration(round(value))})"
-
-
-def _ratio(value: float) -> str:
-    return f"{value:.2%}"
+_size, _rate, _seconds, _ratio = human.size, human.rate, human.seconds_and_duration, human.share
 
 
 def _count(value: float) -> str:
@@ -253,21 +246,21 @@ def _count(value: float) -> str:
 
 # key, how to print it, what the planned side is, what it means.
 ROWS: tuple[tuple[str, Callable[[float], str], Callable[[PlanResult], float | None], str], ...] = (
-    ("checkpoint_gb", gigabytes, lambda r: r.checkpoint_gb, "newest committed generation"),
+    ("checkpoint_gb", _size, lambda r: r.checkpoint_gb, "newest committed generation"),
     ("files", _count, lambda r: None, "files in it"),
     ("servers", _count, lambda r: r.inputs.servers_per_job, "hosts writing the job"),
-    ("per_server_gb", gigabytes, lambda r: r.per_server_gb, "checkpoint / servers"),
-    ("save_seconds", _seconds, lambda r: r.inputs.save_cost,
+    ("per_server_gb", _size, lambda r: r.per_server_gb, "checkpoint / servers"),
+    ("save_seconds", _seconds, lambda r: r.save_cost_seconds,
      "training-visible cost of a save (mean pause)"),
-    ("save_total_seconds", _seconds, lambda r: r.inputs.transfer_seconds,
+    ("save_total_seconds", _seconds, lambda r: r.planned_deadline_seconds,
      "mean start to durable commit (planned: the deadline)"),
-    ("payload_per_job_gbps", gigabytes_per_second, lambda r: r.payload_per_job_gbps,
+    ("payload_per_job_gbps", _rate, lambda r: r.payload_per_job_gbps,
      "checkpoint / save time"),
-    ("payload_per_server_gbps", gigabytes_per_second, lambda r: r.payload_per_server_gbps,
+    ("payload_per_server_gbps", _rate, lambda r: r.payload_per_server_gbps,
      "one server's share"),
-    ("interval_seconds", _seconds, lambda r: r.inputs.interval_seconds, "configured interval"),
-    ("deadline_seconds", _seconds, lambda r: r.inputs.transfer_seconds, "configured deadline"),
-    ("mtbf_seconds", _seconds, lambda r: r.inputs.mtbf_seconds, "configured mtbf"),
+    ("interval_seconds", _seconds, lambda r: r.planned_interval_seconds, "configured interval"),
+    ("deadline_seconds", _seconds, lambda r: r.planned_deadline_seconds, "configured deadline"),
+    ("mtbf_seconds", _seconds, lambda r: r.job_mtbf_seconds, "configured mtbf"),
     ("young_interval_seconds", _seconds, lambda r: r.young_interval_seconds,
      "sqrt(2 x save x MTBF)"),
     ("daly_interval_seconds", _seconds, lambda r: r.daly_interval_seconds, "Daly's optimum"),
