@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pwd
 import subprocess
 import tempfile
 import time
@@ -105,6 +106,34 @@ defaults: {restore_drill_max_age: 1m1h}
 def test_values_out_of_range(ckpt: Path, snippet: str, expected: str) -> None:
     (problem,) = problems_of(snippet + "\n", ckpt)
     assert expected in problem
+
+
+def test_spool_owner_is_uids_or_user_names(ckpt: Path) -> None:
+    """Whose a job's spool directories are (sources/spool.py): a uid, a user name or a list,
+    in defaults, a job or a discover root; check-config shows the uids."""
+    nobody = pwd.getpwnam("nobody").pw_uid
+    config = parse_config(
+        "defaults: {spool_owner: root}\n"
+        "jobs: [{name: a, path: ckpt/a, spool_owner: [1000, nobody, '1001', 1000]},"
+        " {name: b, path: ckpt/b}]\n"
+        "discover: [{root: ckpt, spool_owner: 5}]\n",
+        "test.yaml",
+        ckpt,
+    )
+    assert config.jobs[0].policy.spool_owner == tuple(sorted((1000, 1001, nobody)))
+    assert config.jobs[1].policy.spool_owner == (0,)
+    assert config.discover[0].policy.spool_owner == (5,)
+    assert config_to_dict(config)["jobs"][0]["spool_owner"] == sorted([1000, 1001, nobody])
+    assert parse_config("", "test.yaml", ckpt).defaults.spool_owner == ()  # the tree's owner
+    for value, expected in [
+        ("-1", "defaults.spool_owner: expected a uid (0 to 4294967294) or a user name"),
+        ("4294967295", "expected a uid"),
+        ("{a: 1}", "expected a uid"),
+        ("[1000, true]", "expected a uid"),
+        ("no-such-user-here", "no user 'no-such-user-here' on this machine: give its uid"),
+    ]:
+        (problem,) = problems_of(f"defaults: {{spool_owner: {value}}}\n", ckpt)
+        assert expected in problem, problem
 
 
 def test_duplicate_job_names_and_paths(ckpt: Path) -> None:

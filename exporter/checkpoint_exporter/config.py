@@ -12,6 +12,7 @@ import hashlib
 import logging
 import math
 import os
+import pwd
 import re
 import stat
 import threading
@@ -107,6 +108,9 @@ class Policy:
     # read: a configured job pages; a discovered one pages only where its objectives (interval
     # and deadline) were stated, in its discover entry or in `defaults:`.
     page: bool = True
+    # The uids whose spool directories are the job's (a tenant may make another job's first);
+    # () leaves it to the owner of the job's checkpoint tree (see sources/spool.py).
+    spool_owner: tuple[int, ...] = ()
 
     @property
     def abort_seconds(self) -> float:
@@ -379,6 +383,30 @@ def _job_name(value: object) -> str:
     return name
 
 
+MAX_UID = 2**32 - 2  # (uid_t) -1 is no user
+
+
+def _spool_owner(value: object) -> tuple[int, ...]:
+    """A uid or a user name, or a list of them."""
+    return tuple(sorted({_uid(item) for item in (value if isinstance(value, list) else [value])}))
+
+
+def _uid(value: object) -> int:
+    if isinstance(value, str) and value.isascii() and value.isdigit():
+        value = int(value)
+    if isinstance(value, str) and value:
+        try:
+            return pwd.getpwnam(value).pw_uid
+        except (KeyError, ValueError):
+            raise ValueError(f"no user {shown(value)} on this machine: give its uid") from None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_UID:
+        raise ValueError(
+            f"expected a uid (0 to {MAX_UID}) or a user name, or a list of them, got "
+            f"{type_name(value)} {shown(value)}"
+        )
+    return value
+
+
 def _listen_address(value: object) -> str:
     parse_listen_address(value)  # type: ignore[arg-type]
     return str(value)
@@ -425,6 +453,7 @@ POLICY_FIELDS = (
     Field("abort_after", _optional(positive_duration)),
     Field("finished", boolean),
     Field("page", boolean),
+    Field("spool_owner", _spool_owner),
 )
 _POLICY_KEYS = {f.key for f in POLICY_FIELDS}
 # A discovered job pages only when these were stated for it (not left to the built-in defaults).
@@ -820,6 +849,7 @@ def _policy_dict(policy: Policy) -> dict[str, Any]:
         "abort_after": format_duration(policy.abort_seconds),
         "finished": policy.finished,
         "page": policy.page,
+        "spool_owner": list(policy.spool_owner),
     }
 
 

@@ -33,7 +33,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import socket
+import stat
 import sys
 import threading
 import time
@@ -56,11 +58,17 @@ _MAX_ERROR = 1000  # characters of an error message kept in an event
 
 
 class _Spool:
-    """Appends event lines to ``<spool>/<training_job>/<host>-<pid>.jsonl``, one write() each."""
+    """Appends event lines to ``<spool>/<training_job>/<host>-<pid>.jsonl``, one write() each.
+
+    Any user can make a directory in the spool, so ``<training_job>`` may be another user's,
+    made first: the exporter does not read it for this job, and this process could not write
+    into it. Lines then go to ``<training_job>@<uid>`` (this process's uid), or, if another user
+    made that too, to a ``<training_job>@<uid>.<random>`` of its own: the exporter reads each by
+    its owner."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._files: dict[tuple[str, str, int], int] = {}  # (dir, job, pid) -> fd
+        self._files: dict[tuple[str, str, int], tuple[int, str]] = {}  # (dir, job, pid) -> fd, path
         self._warned = False
 
     def emit(self, directory: str | None, record: dict[str, Any]) -> None:
@@ -76,21 +84,21 @@ class _Spool:
 
     def _fd(self, directory: str, job: str) -> int:
         key = (directory, job, os.getpid())  # a forked child writes its own file
-        fd = self._files.get(key)
-        path = os.path.join(directory, job, f"{socket.gethostname()}-{os.getpid()}.jsonl")
+        fd, path = self._files.get(key, (None, ""))
         if fd is not None and os.fstat(fd).st_size >= ROTATE_BYTES:
             os.replace(path, path + ".1")
             os.close(fd)
             fd = None
         if fd is None:
-            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
-            os.makedirs(os.path.join(directory, job), exist_ok=True)
+            name = f"{socket.gethostname()}-{os.getpid()}.jsonl"
+            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
             try:
+                path = os.path.join(_own_directory(directory, job), name)
                 fd = os.open(path, flags, 0o644)
             except FileNotFoundError:  # the daemon removed the directory idle for its retention
-                os.makedirs(os.path.join(directory, job), exist_ok=True)
+                path = os.path.join(_own_directory(directory, job), name)
                 fd = os.open(path, flags, 0o644)
-            self._files[key] = fd
+            self._files[key] = (fd, path)
         return fd
 
     def _warn(self, error: BaseException) -> None:
@@ -104,6 +112,21 @@ class _Spool:
 
 
 _SPOOL = _Spool()
+
+
+def _own_directory(spool: str, job: str) -> str:
+    """The first of the job's directory names that is a directory of this process's user (made
+    if missing; the random one is one nobody can have made in advance)."""
+    os.makedirs(spool, exist_ok=True)
+    uid = os.geteuid()
+    for name in (job, f"{job}@{uid}", f"{job}@{uid}.{secrets.token_hex(4)}"):
+        path = os.path.join(spool, name)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path, 0o755)
+        info = os.lstat(path)
+        if stat.S_ISDIR(info.st_mode) and info.st_uid == uid:
+            return path
+    raise PermissionError(f"{spool}/{job}: another user's, and so is each name tried beside it")
 
 
 def _rank() -> tuple[int, int]:

@@ -231,6 +231,7 @@ class DaemonState:
     spool_invalid: tuple[tuple[str, int], ...] = ()  # (reason, count)
     spool_dropped: tuple[tuple[str, int], ...] = ()  # (reason, events)
     spool_dropped_bytes: tuple[tuple[str, int], ...] = ()  # (reason, bytes)
+    spool_squatted: tuple[tuple[str, int], ...] = ()  # (job, directories refused for their owner)
     spool_backlog_bytes: int = 0
     spool_poll_seconds: float = 0.0  # time spent reading the spool, all polls together
     discover_excess: tuple[tuple[str, int], ...] = ()  # (root, subdirectories over max_jobs)

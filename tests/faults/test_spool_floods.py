@@ -213,7 +213,7 @@ def test_a_directory_swapped_for_a_symlink_after_the_listing(
     outside the spool is read, and nothing there is removed."""
     secret = _outside(tmp_path)
     spool = _spool_with_job(tmp_path)
-    method = "_subdirectories" if when == "after listing the root" else "_spool_files"
+    method = "_subdirectories" if when == "after listing the root" else "_list_some"
     original = getattr(SpoolReader, method)
     swapped = []
 
@@ -300,3 +300,83 @@ def test_timestamps_at_the_edge_through_a_real_exporter(tmp_path: Path, exporter
     assert success is None or success < now + 300, success  # year 9999 would mask the alert
     page = served.get("/")
     assert page.status == 200 and 'data-job="j"' in page.text and "</html>" in page.text
+
+
+def _entries(directory: Path, count: int) -> None:
+    """``count`` names that are no spool files (hard links: no inode each, quick to make)."""
+    source = directory / "x"
+    source.touch()
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for n in range(count):
+            if n % 60_000 == 59_999:  # a file holds at most 65,000 links on ext4
+                source = directory / f"x{n}"
+                source.touch()
+            os.link(source, f"e{n:07d}", dst_dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
+def test_a_crowded_directory_is_listed_on_a_budget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """50,000 names that are no spool files in one job's directory and 50,000 in an unknown
+    job's: no poll looks at more than ``poll_entries`` entries (every poll listed them all: a
+    million cost 85 % of a core and delayed another job's commit to 4.2 s), the quiet job's
+    events come with the first poll after they are written, and the crowded job's own come once
+    its listing has gone round, at its own pace."""
+    spool = tmp_path / "spool"
+    for job in ("crowded", "quiet", "unknown"):
+        (spool / job).mkdir(parents=True)
+    for job in ("crowded", "unknown"):
+        _entries(spool / job, 50_000)
+    reader = SpoolReader(spool, known_jobs=lambda: {"crowded", "quiet"})
+    seen = [0]
+    scandir = os.scandir
+
+    class Counted:
+        def __init__(self, path: object) -> None:
+            self.inner = scandir(path)  # type: ignore[call-overload]
+
+        def __enter__(self) -> Counted:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self.inner.close()
+
+        def __iter__(self) -> Counted:
+            return self
+
+        def __next__(self) -> os.DirEntry[str]:
+            entry = next(self.inner)
+            seen[0] += 1
+            return entry
+
+        def close(self) -> None:
+            self.inner.close()
+
+    monkeypatch.setattr(os, "scandir", Counted)
+    now = time.time()
+    (spool / "crowded" / "h-1.jsonl").write_bytes(save("crowded", 1, now - 1, now))
+    worst, cpu, crowded_after = 0, [], None
+    for poll in range(40):
+        if poll == 5:
+            now = time.time()
+            (spool / "quiet" / "h-2.jsonl").write_bytes(save("quiet", 2, now - 1, now))
+        seen[0] = 0
+        started = time.process_time()
+        events = reader.poll()
+        cpu.append(time.process_time() - started)
+        worst = max(worst, seen[0])
+        quiet = [e.step for e in events if e.training_job == "quiet"]
+        assert quiet == ([2] * 5 if poll == 5 else []), poll
+        if crowded_after is None and any(e.training_job == "crowded" for e in events):
+            crowded_after = poll
+    root = 3  # the root's own listing (three subdirectories) is not on this budget
+    assert worst <= reader.poll_entries + root, worst
+    assert crowded_after is not None  # read, once its listing went round
+    print(
+        f"MEASURE entries per poll at most {worst}, CPU per poll median "
+        f"{sorted(cpu)[len(cpu) // 2] * 1000:.1f} ms, max {max(cpu) * 1000:.1f} ms; the crowded "
+        f"job's events after {crowded_after} polls"
+    )

@@ -63,7 +63,7 @@ from checkpoint_exporter.model import DURABLE, DaemonState, WatchedPath
 from checkpoint_exporter.sources import dcp_metadata, fsread, layouts
 from checkpoint_exporter.sources.layouts.base import Check, Options
 from checkpoint_exporter.sources.listing import OpsBudget, TreeReader
-from checkpoint_exporter.sources.spool import Event, SpoolReader
+from checkpoint_exporter.sources.spool import HOLD, Event, SpoolReader
 from checkpoint_exporter.sources.telemetry.node import NodeTelemetry
 from checkpoint_exporter.sources.validate import Limits, Verdict, validate
 from checkpoint_exporter.sources.watch import (
@@ -424,9 +424,9 @@ class Scanner:
         self.watcher = None
         if watcher_factory is not None:
             self.watcher = watcher_factory(self._changed, self._overflowed, self._lost)
-        # Only the directories of the jobs watched here are read; the others are counted.
+        # Only the directories of the jobs watched here are read, and only their owners'.
         self.spool = SpoolReader(
-            config.spool, config.spool_retention, known_jobs=lambda: self.tracker.jobs
+            config.spool, config.spool_retention, known_jobs=self._spool_owners
         )
         self._sources: dict[str, _Source] = {}
         self._discoveries = [_Discovery(entry) for entry in config.discover]
@@ -1217,6 +1217,25 @@ class Scanner:
                 log.warning("spool %s cannot be written by training jobs (%s): their save "
                             "clocks are lost", self.config.spool, why)  # fmt: skip
 
+    def _spool_owners(self) -> dict[str, frozenset[int] | None]:
+        """The jobs tracked here, each with the uids its spool directories may belong to: its
+        ``spool_owner``, else the owners of its trees read here (root's tells nothing: it makes
+        directories for anyone); None where neither says; HOLD until such a tree is first read
+        (unless its mount is stuck), so no squatter's history slips in at start-up."""
+        owners: dict[str, frozenset[int] | None] = dict.fromkeys(self.tracker.jobs)
+        stuck = {mountpoint for mountpoint, worker in self._workers.items() if worker.stuck}
+        for name in owners.keys() & self._sources.keys():
+            source = self._sources[name]
+            tiers = [t for t in source.tiers if not self._outside(t)]
+            if source.policy.spool_owner:
+                owners[name] = frozenset(source.policy.spool_owner)
+            elif any(not t.first_done and t.worker not in stuck for t in tiers):
+                owners[name] = HOLD
+            else:
+                uids = {t.reader.root_owner for t in tiers if t.reader is not None}
+                owners[name] = frozenset(uid for uid in uids if uid) or None
+        return owners
+
     def _read_spool(self) -> None:
         now = time.monotonic()
         if now >= self._spool_checked + SPOOL_CHECK_SECONDS:
@@ -1388,6 +1407,7 @@ class Scanner:
             spool_invalid=tuple(sorted(self.spool.invalid_total.items())),
             spool_dropped=tuple(sorted(self.spool.dropped_total.items())),
             spool_dropped_bytes=tuple(sorted(self.spool.dropped_bytes_total.items())),
+            spool_squatted=tuple(sorted(self.spool.squatted.items())),
             spool_backlog_bytes=self.spool.backlog_bytes,
             spool_poll_seconds=self.spool.poll_seconds_total,
             discover_excess=tuple((str(d.entry.root), d.excess) for d in self._discoveries),

@@ -254,6 +254,7 @@ class TreeReader:
         # Entries listed or statted since this reader was made, counted as a read goes: the
         # first pass's progress, and proof that a long read is moving, not hung.
         self.entries_read = 0
+        self.root_owner: int | None = None  # the root's uid, as of the last read that opened it
         self._reported: set[tuple[str, str]] = set()
 
     def read(
@@ -297,8 +298,9 @@ class TreeReader:
             stats,
         )
         try:
-            mtime_ns = os.fstat(root).st_mtime_ns
-            self.tree = self._read_dir(root, self.root, "", mtime_ns, self.tree, 0, scan)
+            info = os.fstat(root)
+            self.root_owner = info.st_uid
+            self.tree = self._read_dir(root, self.root, "", info.st_mtime_ns, self.tree, 0, scan)
         finally:
             os.close(root)
         return self.tree, stats

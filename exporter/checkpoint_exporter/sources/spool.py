@@ -15,11 +15,29 @@ name and line here is hostile, and so is the amount of it. The reader therefore
   cannot spend the others' share. A file further behind than ``max_backlog`` skips ahead (the
   skipped bytes counted in ``dropped_bytes_total["backlog"]``); a file already there when it is
   first followed is read from its last ``history_bytes`` only.
+- lists on a budget too: at most ``poll_entries`` directory entries per poll, all listings
+  together, shared max-min fairly like the bytes. A listing that does not finish within its
+  share goes on from where it stopped at the next poll (the directory held open meanwhile), so
+  a directory of a million names costs its own job's events their latency, never another's.
 - follows only the directories of jobs it knows (``known_jobs``). The others are listed at most
   every ``unknown_relist`` seconds, ``unknown_per_poll`` per poll, never read: their growth is
   counted in ``dropped_bytes_total["unknown_job"]`` and their old files are removed like any
   other. The root itself is listed again only when its mtime changed (at most every
   ``root_relist_min`` seconds) or every ``root_relist_max`` seconds.
+- reads a job's directory only when its owner is the job's. Whoever makes ``<spool>/<job>``
+  first owns it, so a tenant could make another job's directory before that job did and forge
+  its events (the other job's ranks then get "permission denied"). ``known_jobs`` says, per
+  job, the uids its directories may belong to (the configured ``spool_owner``, else the owner of
+  the job's checkpoint tree), ``None`` where nothing says (one owner alone is then trusted:
+  two is a contest nothing settles, and neither is read), or ``HOLD`` while the daemon has not
+  read the tree yet (listed, so that history stays history, but neither read nor refused). A
+  rank that finds its job's directory owned by another user writes beside it, into
+  ``<job>@<uid>`` (or ``<job>@<uid>.<random>`` if that is taken too), which is read when that
+  uid owns it and is the job's. Root's directories and files are always read: root can do
+  anything on the node anyway. A refused directory is listed like an unknown job's, its growth
+  counted in ``dropped_bytes_total["owner"]``, the job named in ``squatted`` and the directory
+  in one log line; a file of another user in a job's own directory is not read either (counted
+  the same way).
 - refuses events dated more than ``FUTURE_SLACK`` seconds ahead of the local clock or more than
   ``MAX_EVENT_AGE`` behind it (``dropped_total["future"]``, ``dropped_total["past"]``): one
   event must not be able to make a duration infinite or a timestamp stick in year 9999.
@@ -41,7 +59,7 @@ import os
 import stat
 import time
 from collections import Counter
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -66,11 +84,20 @@ ROOT_RELIST_MIN = 2.0  # seconds: the root is listed again when its mtime moved,
 ROOT_RELIST_MAX = 30.0  # ... and in any case this often
 UNKNOWN_RELIST = 60.0  # seconds between two listings of one unknown job's directory
 UNKNOWN_PER_POLL = 64  # unknown directories listed per poll at most
+# Directory entries looked at per poll, all listings together. A listing costs about 0.2-0.4 us
+# of CPU per entry, so a poll lists for at most about 3 ms; a directory of a million names takes
+# about 120 polls (25 s) to go round, at the cost of its own job's events.
+POLL_ENTRIES = 8192
+MIN_SHARE_ENTRIES = 1024  # a listing advanced in a poll gets at least this many
 FUTURE_SLACK = 300.0  # an event dated further ahead of this node's clock is refused
 MAX_EVENT_AGE = 366 * 86400.0  # an event dated further back is refused
 # Steps, ranks and sizes become float samples: past 2**53 a float no longer holds every integer
 # (and 10**400 overflows it), so a larger one is a schema error, never a number exported.
 MAX_INT = 2**53
+# ``known_jobs`` may say, per job, whose its spool directories are: a set of uids, None (nothing
+# says: one owner alone is trusted), or HOLD (not known yet: neither read nor refused).
+Owners = frozenset[int] | None
+HOLD: frozenset[int] = frozenset()
 
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _ROOT_FLAGS = os.O_RDONLY | os.O_DIRECTORY | _CLOEXEC  # the configured root may be a symlink
@@ -118,15 +145,75 @@ class _Followed:
         return max(0, self.size - self.scanned)
 
 
+class _Listing:
+    """One directory's listing, advanced poll after poll within the entries budget. It holds
+    the directory open (its entries are stat-ed through that descriptor), so what it lists,
+    and what is removed once it is done, is the directory it started on, whatever the name
+    points to by then."""
+
+    __slots__ = ("_entries", "count", "done", "fd", "files", "ident", "mtime", "owner")
+
+    def __init__(self, fd: int, info: os.stat_result) -> None:
+        self.ident: FileKey = (info.st_dev, info.st_ino)
+        self.owner, self.mtime = info.st_uid, info.st_mtime
+        self.files: list[tuple[str, os.stat_result]] = []  # the regular *.jsonl* ones
+        self.count = 0  # entries looked at so far
+        self.done = False
+        self.fd = -1
+        self._entries = os.scandir(fd)
+        self.fd = fd  # owned from here on: DirEntry.stat uses it, not the iterator's own copy
+
+    def advance(self, budget: int) -> int:
+        """Look at up to ``budget`` more entries; how many it looked at."""
+        looked = 0
+        for entry in self._entries:
+            looked += 1
+            if ".jsonl" in entry.name:
+                try:
+                    info = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    info = None
+                if info is not None and stat.S_ISREG(info.st_mode):
+                    self.files.append((entry.name, info))
+                    if len(self.files) >= MAX_FILES_PER_DIR:
+                        self.done = True
+                        break
+            if looked >= budget:
+                break
+        else:
+            self.done = True
+        self.count += looked
+        return looked
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            self._entries.close()
+            os.close(self.fd)
+            self.fd = -1
+
+    def __del__(self) -> None:
+        self.close()
+
+
 @dataclass(slots=True)
 class _Dir:
-    """A followed job directory: its identity at the last listing and its files."""
+    """A followed job directory: its identity and owner at the last listing, and its files."""
 
+    job: str
     ident: FileKey = (0, 0)
+    owner: int = -1
     files: dict[FileKey, _Followed] = field(default_factory=dict)
+    # Files of another user in it (not read): their sizes at the last listing, to count growth.
+    refused: dict[FileKey, int] = field(default_factory=dict)
     history: bool = True  # files found at its first listing are history
     listed: bool = False
+    # Its job's owner is not known yet (HOLD): listed, so that what was there at the first poll
+    # stays history, but not read.
+    held: bool = False
     served: int = 0
+    listing: _Listing | None = None  # in progress
+    entries: int = 0  # what its last complete listing looked at (its listing's cost)
+    advanced: int = 0  # the poll that last advanced its listing
 
     @property
     def pending(self) -> int:
@@ -135,19 +222,25 @@ class _Dir:
 
 @dataclass(slots=True)
 class _Unknown:
-    """A directory of a job the exporter does not know: listed rarely, never read."""
+    """A directory not followed: of a job the exporter does not know, or of a known job but
+    refused for its owner. Listed rarely, never read."""
 
     due: float  # monotonic time of its next listing
     size: int | None = None  # bytes of its spool files at the last listing
     history: bool = False  # was there at the first poll, or was listed: its content is old
+    reason: str = "unknown_job"  # or "owner": what its growth is counted as
+    listing: _Listing | None = None  # in progress
+    entries: int = 0
+    advanced: int = 0
 
 
 @dataclass
 class SpoolReader:
     directory: Path
     retention: float = 7 * 86400.0
-    # The names of the jobs the daemon watches; None: every directory is a job (tools, tests).
-    known_jobs: Callable[[], Collection[str]] | None = None
+    # The names of the jobs the daemon watches, or a mapping of them to whose their directories
+    # are (``Owners``; a plain collection: nobody says); None: every directory is a job.
+    known_jobs: Callable[[], Collection[str] | Mapping[str, Owners]] | None = None
     poll_bytes: int = POLL_BYTES
     poll_lines: int = POLL_LINES
     max_backlog: int = MAX_BACKLOG
@@ -156,6 +249,7 @@ class SpoolReader:
     root_relist_max: float = ROOT_RELIST_MAX
     unknown_relist: float = UNKNOWN_RELIST
     unknown_per_poll: int = UNKNOWN_PER_POLL
+    poll_entries: int = POLL_ENTRIES
     monotonic: Callable[[], float] = time.monotonic
     events_total: Counter[str] = field(default_factory=Counter)
     invalid_total: Counter[str] = field(default_factory=Counter)
@@ -163,18 +257,24 @@ class SpoolReader:
     # Clocks, open_saves_cap, open_restores_cap, ranks_cap, before_start).
     dropped_total: Counter[str] = field(default_factory=Counter)
     # Bytes never parsed: unknown_job (a directory no configured job owns), backlog (skipped
-    # ahead of a file too far behind).
+    # ahead of a file too far behind), owner (a directory or file of a user not the job's).
     dropped_bytes_total: Counter[str] = field(default_factory=Counter)
+    # Known jobs with directories refused for their owner, and how many, as of the last poll.
+    squatted: dict[str, int] = field(default_factory=dict)
     backlog_bytes: int = 0  # unread bytes of the followed files, as of the last poll
     poll_seconds_total: float = 0.0  # time spent polling: the spool's cost, made visible
     _dirs: dict[str, _Dir] = field(default_factory=dict)
     _unknown: dict[str, _Unknown] = field(default_factory=dict)
     _due: list[tuple[float, str]] = field(default_factory=list)  # heap over _unknown
+    _unknown_listing: set[str] = field(default_factory=set)  # of _unknown, with a listing on
     _names: frozenset[str] = frozenset()  # subdirectories at the last root listing
+    _jobs: frozenset[str] = frozenset()  # the jobs they are for
+    _aliases: dict[str, list[str]] = field(default_factory=dict)  # job -> its <job>@... among them
     _root: tuple[int, int, int] | None = None  # dev, ino, mtime_ns at the last root listing
     _root_listed_at: float = float("-inf")
     _polls: int = 0
     _reported_errors: set[str] = field(default_factory=set)
+    _reported_owners: set[tuple[str, int]] = field(default_factory=set)
 
     def poll(self, now: float | None = None) -> list[Event]:
         """New complete lines of the followed spool files, parsed, within this poll's budget;
@@ -192,17 +292,22 @@ class SpoolReader:
         try:
             root = os.open(self.directory, _ROOT_FLAGS)
         except FileNotFoundError:
-            self._dirs.clear()  # the first instrumented job will create it
+            for name in list(self._dirs):  # the first instrumented job will create it
+                self._forget(name)
+            for name in list(self._unknown):
+                self._drop_unknown(name)
             self.backlog_bytes = 0
             return events
         except OSError as error:
             self._report(str(self.directory), error)
             return events
         try:
-            self._list_root(root, first)
-            self._follow(root, first, now)
+            known = self._known()
+            self._list_root(root, first, known)
+            self._follow(root, first, known)
+            self._visit_unknown(root, known)
+            self._advance(root, now)
             self._read(root, now, events)
-            self._visit_unknown(root, now)
         finally:
             os.close(root)
         self.backlog_bytes = sum(d.pending for d in self._dirs.values())
@@ -211,7 +316,7 @@ class SpoolReader:
 
     # --- the root ----------------------------------------------------------------------------
 
-    def _list_root(self, root: int, first: bool) -> None:
+    def _list_root(self, root: int, first: bool, known: Mapping[str, Owners] | None) -> None:
         info = os.fstat(root)
         identity = (info.st_dev, info.st_ino, info.st_mtime_ns)
         clock = self.monotonic()
@@ -226,87 +331,227 @@ class SpoolReader:
             self._report(str(self.directory), error)
             return
         self._root, self._root_listed_at = identity, clock
-        self._names = names
+        self._set_names(names)
         for name in [n for n in self._unknown if n not in names]:
-            del self._unknown[name]
+            self._drop_unknown(name)
         if len(self._due) > 2 * len(self._unknown) + 64:  # drop stale heap entries
             self._due = [(due, n) for due, n in self._due if n in self._unknown]
             heapq.heapify(self._due)
-        known = self._known()
         if known is None:
             return  # every directory is followed
         for name in names:
-            if name not in self._unknown and name not in self._dirs and name not in known:
+            if name not in self._unknown and name not in self._dirs and _job_of(name) not in known:
                 self._remember(name, history=first)
 
-    def _remember(self, name: str, history: bool) -> None:
-        """Start listing ``name`` as the directory of an unknown job."""
+    def _set_names(self, names: frozenset[str]) -> None:
+        self._names = names
+        self._jobs = frozenset(job for job in map(_job_of, names) if job)
+        self._aliases = {}
+        for name in names:
+            if "@" in name:
+                self._aliases.setdefault(_job_of(name), []).append(name)
+
+    def _remember(self, name: str, history: bool, reason: str = "unknown_job") -> None:
+        """Start listing ``name`` as a directory not followed (``_Unknown``)."""
         if len(self._unknown) >= MAX_UNKNOWN_DIRS:
             self._report("unknown directories", OSError(f"more than {MAX_UNKNOWN_DIRS}"))
             return
         clock = self.monotonic()
-        self._unknown[name] = _Unknown(clock, history=history)
+        self._unknown[name] = _Unknown(clock, history=history, reason=reason)
         heapq.heappush(self._due, (clock, name))
 
     @property
     def job_directories(self) -> frozenset[str]:
-        """The names of the spool's job directories at its last listing (no I/O)."""
-        return self._names
+        """The names of the jobs with a directory in the spool at its last listing (no I/O)."""
+        return self._jobs
 
     def _subdirectories(self, root: int) -> list[str]:
         with os.scandir(root) as entries:
             return [e.name for e in entries if e.is_dir(follow_symlinks=False)]
 
-    def _known(self) -> Collection[str] | None:
-        return None if self.known_jobs is None else self.known_jobs()
+    def _known(self) -> Mapping[str, Owners] | None:
+        if self.known_jobs is None:
+            return None
+        known = self.known_jobs()
+        return known if isinstance(known, Mapping) else dict.fromkeys(known)
 
-    # --- followed directories: list them all, every poll ---------------------------------------
+    # --- followed directories: judged every poll, listed on the entries budget ----------------
 
-    def _follow(self, root: int, first: bool, now: float) -> None:
-        known = self._known()
-        wanted = self._names if known is None else known
-        for name in list(self._dirs):
-            if name not in wanted:
-                del self._dirs[name]  # forgotten job: its state goes with it
-                if name in self._names and known is not None:
-                    self._remember(name, history=True)
-        for name in wanted:
-            if not _plain_name(name):
-                continue
-            directory = self._dirs.get(name)
-            if directory is None:
-                unknown = self._unknown.pop(name, None)
-                history = first or (unknown is not None and unknown.history)
-                directory = _Dir(history=history)
-            try:
-                fd = os.open(name, _DIR_FLAGS, dir_fd=root)
-            except OSError as error:
-                self._dirs.pop(name, None)
-                if error.errno not in _VANISHED:
-                    self._report(f"{self.directory}/{name}", error)
-                continue
-            try:
-                self._dirs[name] = directory
-                emptied = self._list_dir(name, fd, directory, now)
-            finally:
-                os.close(fd)
-            if emptied and self._remove_directory(root, name):
-                del self._dirs[name]
+    def _wanted(self, known: Mapping[str, Owners] | None) -> dict[str, str]:
+        """Directory name -> job, for the directories of the known jobs: the job's own name
+        (opened even before the root listing shows it) and the ``<job>@<uid>`` ones listed."""
+        jobs = known if known is not None else self._jobs
+        wanted = {job: job for job in jobs if _plain_name(job) and "@" not in job}
+        for job in [job for job in self._aliases if job in wanted]:
+            wanted.update(dict.fromkeys(self._aliases[job], job))
+        return wanted
 
-    def _list_dir(self, name: str, fd: int, directory: _Dir, now: float) -> bool:
-        """List a followed directory, removing its files older than ``retention``; whether it
-        is left without spool files and idle for ``retention`` (see ``_remove_directory``)."""
-        info = os.fstat(fd)
-        directory.ident = (info.st_dev, info.st_ino)
+    def _follow(self, root: int, first: bool, known: Mapping[str, Owners] | None) -> None:
+        wanted = self._wanted(known)
+        for name in [n for n in self._dirs if n not in wanted]:
+            self._forget(name)  # forgotten job: its state goes with it
+            if name in self._names and known is not None:
+                self._remember(name, history=True)
+        by_job: dict[str, dict[str, tuple[int, os.stat_result]]] = {}
+        for name, job in wanted.items():
+            opened = self._open_dir(root, name)
+            if opened is not None:
+                by_job.setdefault(job, {})[name] = opened
+        squatted: dict[str, int] = {}
+        for job, opened in by_job.items():
+            owners = {name: info.st_uid for name, (_, info) in opened.items()}
+            expected = None if known is None else known.get(job)
+            trusted = _trusted(owners, expected)
+            for name, (fd, info) in opened.items():
+                if trusted is None or name in trusted:  # the listing takes the descriptor
+                    self._start(name, job, fd, info, first, held=trusted is None)
+                else:
+                    os.close(fd)
+                    self._refuse(name, first)
+                    self._report_owner(job, name, owners, expected)
+                    squatted[job] = squatted.get(job, 0) + 1
+        self.squatted = squatted
+
+    def _open_dir(self, root: int, name: str) -> tuple[int, os.stat_result] | None:
+        """The directory ``name`` open (never through a symlink) and its fstat; None, and its
+        state forgotten, if it is gone or not a directory."""
         try:
-            entries = self._spool_files(fd)
+            fd = os.open(name, _DIR_FLAGS, dir_fd=root)
         except OSError as error:
+            self._forget(name)
+            if error.errno not in _VANISHED:
+                self._report(f"{self.directory}/{name}", error)
+            return None
+        try:
+            return fd, os.fstat(fd)
+        except OSError:
+            os.close(fd)
+            return None
+
+    def _start(
+        self, name: str, job: str, fd: int, info: os.stat_result, first: bool, held: bool
+    ) -> None:
+        """Follow ``name`` (open as ``fd``, which this takes): a new listing unless one of that
+        directory is still going round."""
+        directory = self._dirs.get(name)
+        if directory is None:
+            unknown = self._drop_unknown(name)
+            history = first or bool(unknown and unknown.history)
+            directory = self._dirs[name] = _Dir(job, history=history)
+        directory.held = held
+        listing = directory.listing
+        if listing is not None and listing.ident == (info.st_dev, info.st_ino):
+            os.close(fd)
+            return
+        if listing is not None:
+            listing.close()  # another directory under this name since: start over
+        directory.listing = self._open_listing(name, fd, info)
+
+    def _open_listing(self, name: str, fd: int, info: os.stat_result) -> _Listing | None:
+        try:
+            return _Listing(fd, info)
+        except OSError as error:
+            os.close(fd)
             self._report(f"{self.directory}/{name}", error)
-            return False
+            return None
+
+    def _refuse(self, name: str, first: bool) -> None:
+        """Not the job's: listed like an unknown job's directory, its growth counted."""
+        history = self._forget(name) or first
+        unknown = self._unknown.get(name)
+        if unknown is None:
+            self._remember(name, history, reason="owner")
+        else:
+            unknown.reason = "owner"
+
+    def _forget(self, name: str) -> bool:
+        """Stop following ``name``; whether it was followed."""
+        directory = self._dirs.pop(name, None)
+        if directory is not None and directory.listing is not None:
+            directory.listing.close()
+        return directory is not None
+
+    def _report_owner(
+        self, job: str, name: str, owners: Mapping[str, int], expected: Owners
+    ) -> None:
+        """One log line per refused directory and owner."""
+        owner = owners[name]
+        if (name, owner) in self._reported_owners or len(self._reported_owners) >= 1000:
+            return
+        self._reported_owners.add((name, owner))
+        where = f"{self.directory}/{name}"
+        if _claimed(name) not in (None, owner):
+            why = "not by the uid its name claims"
+        elif expected is not None:
+            why = f"not by job {job}'s ({_uids(expected)}: its spool_owner, else its tree's)"
+        else:
+            others = {uid for uid in owners.values() if uid not in (0, owner)}
+            why = (
+                f"and job {job}'s other spool directories by {_uids(others)}: its directories "
+                "have more than one owner and nothing says which is the job's (set spool_owner)"
+            )
+        log.warning("spool: %s is owned by uid %d, %s: its events are not read", where, owner, why)
+
+    # --- listings, on the poll's entries budget ---------------------------------------------------
+
+    def _advance(self, root: int, now: float) -> None:
+        """Advance the listings in progress within ``poll_entries``, max-min fairly: the ones
+        that were small first (they finish within their share and leave the rest to the
+        others), then the crowded ones, least recently advanced first."""
+        work: list[tuple[str, _Dir | _Unknown]] = [
+            (name, d) for name, d in self._dirs.items() if d.listing is not None
+        ]
+        work += [(name, self._unknown[name]) for name in self._unknown_listing]
+        work.sort(key=_listing_order)
+        left = self.poll_entries
+        for index, (name, state) in enumerate(work):
+            listing = state.listing
+            assert listing is not None  # the ones with a listing on
+            if left <= 0:
+                break
+            state.advanced = self._polls
+            try:
+                left -= self._list_some(listing, _share(left, len(work) - index, MIN_SHARE_ENTRIES))
+            except OSError as error:
+                self._report(f"{self.directory}/{name}", error)
+                self._abandon(name, state)  # half a listing is no listing: the next starts over
+                continue
+            if listing.done:
+                state.listing, state.entries = None, listing.count
+                try:
+                    if isinstance(state, _Dir):
+                        self._listed(root, name, state, listing, now)
+                    else:
+                        self._listed_unknown(root, name, state, listing, now)
+                finally:
+                    listing.close()
+
+    def _list_some(self, listing: _Listing, budget: int) -> int:
+        return listing.advance(budget)
+
+    def _abandon(self, name: str, state: _Dir | _Unknown) -> None:
+        if state.listing is not None:
+            state.listing.close()
+            state.listing = None
+        if isinstance(state, _Unknown):
+            self._unknown_listing.discard(name)
+            self._reschedule(name, state, self.monotonic())
+
+    def _listed(self, root: int, name: str, directory: _Dir, listing: _Listing, now: float) -> None:
+        """A followed directory's listing is complete: its files, those of other users
+        counted and left, those older than ``retention`` removed, and the directory itself
+        when that left it empty and idle (see ``_remove_directory``)."""
+        directory.ident, directory.owner = listing.ident, listing.owner
         removed = False
         files: dict[FileKey, _Followed] = {}
-        for file_name, st in entries:
+        refused: dict[FileKey, int] = {}
+        for file_name, st in listing.files:
             key = (st.st_dev, st.st_ino)
+            if st.st_uid not in (listing.owner, 0):
+                growth = st.st_size - directory.refused.get(key, 0)
+                self.dropped_bytes_total["owner"] += max(0, growth)
+                refused[key] = st.st_size
+                continue
             followed = directory.files.get(key)
             if followed is None:
                 followed = _Followed(file_name)
@@ -322,13 +567,15 @@ class SpoolReader:
             if (
                 followed.size == followed.scanned
                 and now - followed.mtime > self.retention
-                and self._remove(fd, name, file_name, key)
+                and self._remove(listing.fd, name, file_name, key)
             ):
                 del files[key]
                 removed = True
-        directory.files = files
-        directory.listed = True
-        return not files and (removed or now - info.st_mtime > self.retention)
+        directory.files, directory.refused = files, refused
+        directory.listed, directory.history = True, False
+        emptied = not files and not refused and (removed or now - listing.mtime > self.retention)
+        if emptied and self._remove_directory(root, name):
+            del self._dirs[name]
 
     def _remove_directory(self, root: int, name: str) -> bool:
         """Remove a job's spool directory left empty by retention: its job has written nothing
@@ -339,30 +586,13 @@ class SpoolReader:
             os.rmdir(name, dir_fd=root)
         except OSError:
             return False
-        self._names = self._names - {name}  # gone now, whenever the root is listed again
+        self._set_names(self._names - {name})  # gone now, whenever the root is listed again
         return True
-
-    def _spool_files(self, fd: int) -> list[tuple[str, os.stat_result]]:
-        """The regular ``*.jsonl*`` files of a directory, stat-ed through its descriptor."""
-        files = []
-        with os.scandir(fd) as entries:
-            for entry in entries:
-                if ".jsonl" not in entry.name:
-                    continue
-                try:
-                    info = entry.stat(follow_symlinks=False)
-                except FileNotFoundError:
-                    continue
-                if stat.S_ISREG(info.st_mode):
-                    files.append((entry.name, info))
-                    if len(files) >= MAX_FILES_PER_DIR:
-                        break
-        return files
 
     # --- reading, on the poll's budget ---------------------------------------------------------
 
     def _read(self, root: int, now: float, out: list[Event]) -> None:
-        busy = [(name, d) for name, d in self._dirs.items() if d.pending]
+        busy = [(name, d) for name, d in self._dirs.items() if d.pending and not d.held]
         # Max-min fair: the directories with little to read first (they take less than a fair
         # share and leave the rest to the others), then the busy ones, least recently served
         # first, so that over successive polls every one of them is served.
@@ -402,7 +632,9 @@ class SpoolReader:
                 remaining = len(busy) - index
                 share = _share(budget - used, remaining, 1)
                 line_share = _share(lines - parsed, remaining, 1)
-                got, count = self._read_file(fd, name, key, followed, share, line_share, now, out)
+                got, count = self._read_file(
+                    fd, name, directory.job, key, followed, share, line_share, now, out
+                )
                 used += got
                 parsed += count
                 followed.served = self._polls
@@ -411,14 +643,14 @@ class SpoolReader:
         return used, parsed
 
     def _read_file(
-        self, dir_fd: int, job: str, key: FileKey, followed: _Followed, budget: int, lines: int,
-        now: float, out: list[Event],
+        self, dir_fd: int, name: str, job: str, key: FileKey, followed: _Followed, budget: int,
+        lines: int, now: float, out: list[Event],
     ) -> tuple[int, int]:  # fmt: skip
         try:
             fd = os.open(followed.name, _FILE_FLAGS, dir_fd=dir_fd)
         except OSError as error:
             if error.errno not in _VANISHED:
-                self._report(f"{self.directory}/{job}/{followed.name}", error)
+                self._report(f"{self.directory}/{name}/{followed.name}", error)
             return 0, 0
         try:
             info = os.fstat(fd)
@@ -438,7 +670,7 @@ class SpoolReader:
             want = budget if followed.skipping else max(budget, MAX_LINE + 1)
             data = os.pread(fd, min(want, info.st_size - followed.offset), followed.offset)
         except OSError as error:
-            self._report(f"{self.directory}/{job}/{followed.name}", error)
+            self._report(f"{self.directory}/{name}/{followed.name}", error)
             return 0, 0
         finally:
             os.close(fd)
@@ -500,55 +732,70 @@ class SpoolReader:
         self.events_total[event.event] += 1
         out.append(event)
 
-    # --- directories of unknown jobs: listed rarely, never read ------------------------------
+    # --- directories not followed: listed rarely, never read ---------------------------------
 
-    def _visit_unknown(self, root: int, now: float) -> None:
+    def _visit_unknown(self, root: int, known: Mapping[str, Owners] | None) -> None:
+        """Start the listings of the unknown (and refused) directories that are due, at most
+        ``unknown_per_poll`` going at once."""
         clock = self.monotonic()
-        known = self._known()
-        visited = 0
-        while self._due and self._due[0][0] <= clock and visited < self.unknown_per_poll:
+        while (
+            self._due
+            and self._due[0][0] <= clock
+            and len(self._unknown_listing) < self.unknown_per_poll
+        ):
             due, name = heapq.heappop(self._due)
             unknown = self._unknown.get(name)
             if unknown is None or unknown.due != due:
                 continue  # stale heap entry
-            if known is None or name in known or name in self._dirs:
-                del self._unknown[name]  # followed now
+            known_job = known is None or _job_of(name) in known
+            if unknown.reason != "owner" and known_job:
+                del self._unknown[name]  # its job is known now: followed, held or refused
                 continue
-            visited += 1
-            size = self._list_unknown(root, name, now)
-            if size is None:
+            if not known_job:
+                unknown.reason = "unknown_job"  # a refused directory of a job forgotten since
+            opened = self._open_dir(root, name)
+            if opened is None:
                 del self._unknown[name]  # gone, or not a directory: the root listing tells
                 continue
-            if unknown.size is not None or not unknown.history:
-                self.dropped_bytes_total["unknown_job"] += max(0, size - (unknown.size or 0))
-            unknown.size, unknown.history = size, True
-            unknown.due = clock + self.unknown_relist
-            heapq.heappush(self._due, (unknown.due, name))
+            unknown.listing = self._open_listing(name, *opened)
+            if unknown.listing is None:
+                self._reschedule(name, unknown, clock)
+            else:
+                self._unknown_listing.add(name)
 
-    def _list_unknown(self, root: int, name: str, now: float) -> int | None:
-        """Total bytes of the directory's spool files; old ones are removed."""
-        try:
-            fd = os.open(name, _DIR_FLAGS, dir_fd=root)
-        except OSError:
-            return None
+    def _listed_unknown(
+        self, root: int, name: str, unknown: _Unknown, listing: _Listing, now: float
+    ) -> None:
+        """Its growth counted, its old files removed, the directory too once that empties it."""
+        self._unknown_listing.discard(name)
         total, left, removed = 0, 0, False
-        try:
-            idle = now - os.fstat(fd).st_mtime > self.retention
-            for file_name, st in self._spool_files(fd):
-                key = (st.st_dev, st.st_ino)
-                if now - st.st_mtime > self.retention and self._remove(fd, name, file_name, key):
-                    removed = True
-                    continue
-                total += st.st_size
-                left += 1
-        except OSError as error:
-            self._report(f"{self.directory}/{name}", error)
-            return total
-        finally:
-            os.close(fd)
+        for file_name, st in listing.files:
+            old = now - st.st_mtime > self.retention
+            if old and self._remove(listing.fd, name, file_name, (st.st_dev, st.st_ino)):
+                removed = True
+                continue
+            total += st.st_size
+            left += 1
+        idle = now - listing.mtime > self.retention
         if not left and (removed or idle) and self._remove_directory(root, name):
-            return None
-        return total
+            del self._unknown[name]
+            return
+        # A refused directory's bytes count from the first sight: they are not the job's.
+        if unknown.size is not None or not unknown.history or unknown.reason == "owner":
+            self.dropped_bytes_total[unknown.reason] += max(0, total - (unknown.size or 0))
+        unknown.size, unknown.history = total, True
+        self._reschedule(name, unknown, self.monotonic())
+
+    def _reschedule(self, name: str, unknown: _Unknown, clock: float) -> None:
+        unknown.due = clock + self.unknown_relist
+        heapq.heappush(self._due, (unknown.due, name))
+
+    def _drop_unknown(self, name: str) -> _Unknown | None:
+        unknown = self._unknown.pop(name, None)
+        if unknown is not None and unknown.listing is not None:
+            unknown.listing.close()
+            self._unknown_listing.discard(name)
+        return unknown
 
     # --- helpers -----------------------------------------------------------------------------
 
@@ -576,6 +823,44 @@ class SpoolReader:
 
 def _share(left: int, remaining: int, minimum: int) -> int:
     return min(left, max(minimum, left // max(1, remaining)))
+
+
+def _listing_order(item: tuple[str, _Dir | _Unknown]) -> tuple[bool, int, str]:
+    name, state = item
+    size = max(state.entries, state.listing.count if state.listing else 0)
+    return size > MIN_SHARE_ENTRIES, state.advanced, name
+
+
+def _job_of(name: str) -> str:
+    """The job a spool directory is for: ``<job>``, or ``<job>@<uid>[.<any>]``."""
+    return name.partition("@")[0]
+
+
+def _claimed(name: str) -> int | None:
+    """The uid a ``<job>@<uid>[.<any>]`` directory's name claims (-1: none that parses); None
+    for the job's own ``<job>``."""
+    _, at, rest = name.partition("@")
+    if not at:
+        return None
+    uid = rest.partition(".")[0]
+    return int(uid) if uid.isascii() and uid.isdigit() and len(uid) <= 10 else -1
+
+
+def _trusted(owners: Mapping[str, int], expected: Owners) -> set[str] | None:
+    """Which of one job's directories (name: owner uid) are the job's; None while its owner is
+    not known yet (HOLD). Root's are; a ``<job>@<uid>`` one only if that uid owns it; the others
+    if their owner is ``expected``, or where nothing is expected, if one user alone owns them."""
+    if expected is not None and not expected:
+        return None
+    honest = {n: uid for n, uid in owners.items() if uid == 0 or _claimed(n) in (None, uid)}
+    if expected is not None:
+        return {n for n, uid in honest.items() if uid == 0 or uid in expected}
+    users = {uid for uid in honest.values() if uid != 0}
+    return set(honest) if len(users) <= 1 else {n for n, uid in honest.items() if uid == 0}
+
+
+def _uids(uids: Collection[int]) -> str:
+    return ("uid " if len(uids) == 1 else "uids ") + ", ".join(map(str, sorted(uids)))
 
 
 def _plain_name(name: object) -> bool:

@@ -59,8 +59,17 @@ SPOOL_DROPPED_BYTES = MetricSpec(
     "checkpoint_exporter_spool_dropped_bytes_total",
     "counter",
     "Spool bytes never parsed, by reason: unknown_job (a directory of a job not watched "
-    "here), backlog (skipped ahead of a file too far behind).",
+    "here), backlog (skipped ahead of a file too far behind), owner (a directory or file of a "
+    "user who is not the job's).",
     ("reason",),
+)
+SPOOL_SQUATTED = MetricSpec(
+    "checkpoint_exporter_spool_squatted",
+    "gauge",
+    "Spool directories of the job not read because another user owns them (made before the "
+    "job's own, or contested); only while there are some. The log line names each, its owner "
+    "and the job's.",
+    ("training_job",),
 )
 SPOOL_BACKLOG = MetricSpec(
     "checkpoint_exporter_spool_backlog_bytes",
@@ -147,10 +156,10 @@ class DaemonCollector(SnapshotCollector):
     name = "exporter"
     specs = (
         SCAN_OPERATIONS, SCAN_ERRORS, WATCH_OVERFLOWS, SCAN_DURATION, SPOOL_EVENTS, SPOOL_INVALID,
-        SPOOL_DROPPED, SPOOL_DROPPED_BYTES, SPOOL_BACKLOG, SPOOL_POLL_SECONDS, DISCOVER_EXCESS,
-        DISCOVER_ROOT_MISSING, SPOOL_WRITABLE, READY, FIRST_SCAN_DONE, FIRST_SCAN_ENTRIES,
-        LAST_SCAN_SUCCESS, MOUNT_STUCK, CONFIG_RELOAD_SUCCESSFUL, CONFIG_RELOAD_SUCCESS_TIME,
-        SHARD_INFO,
+        SPOOL_DROPPED, SPOOL_DROPPED_BYTES, SPOOL_SQUATTED, SPOOL_BACKLOG, SPOOL_POLL_SECONDS,
+        DISCOVER_EXCESS, DISCOVER_ROOT_MISSING, SPOOL_WRITABLE, READY, FIRST_SCAN_DONE,
+        FIRST_SCAN_ENTRIES, LAST_SCAN_SUCCESS, MOUNT_STUCK, CONFIG_RELOAD_SUCCESSFUL,
+        CONFIG_RELOAD_SUCCESS_TIME, SHARD_INFO,
     )  # fmt: skip
 
     def collect(self, snapshot: Snapshot) -> Iterable[Metric]:
@@ -169,6 +178,7 @@ class DaemonCollector(SnapshotCollector):
             by_label(SPOOL_INVALID, daemon.spool_invalid),
             by_label(SPOOL_DROPPED, daemon.spool_dropped),
             by_label(SPOOL_DROPPED_BYTES, daemon.spool_dropped_bytes),
+            by_label(SPOOL_SQUATTED, daemon.spool_squatted),
             SPOOL_BACKLOG.single(daemon.spool_backlog_bytes),
             SPOOL_POLL_SECONDS.single(daemon.spool_poll_seconds),
             by_label(DISCOVER_EXCESS, daemon.discover_excess),
