@@ -67,6 +67,7 @@ ALERTS: dict[str, tuple[str, str, str]] = {
     "CheckpointJobAbandoned": (WARNING, "1h", "A job has shown no sign of life for its abandon_after and did not say it finished: it no longer pages."),
     "CheckpointJobsNotWatched": (WARNING, "15m", "Jobs under a discover root are not watched: the root holds more than its max_jobs."),
     "CheckpointTreeUnreadable": (WARNING, "15m", "Part of a watched checkpoint tree cannot be read by the exporter."),
+    "CheckpointSpoolSquatted": (WARNING, "15m", "Another user owns a spool directory of a job: its events there are not read."),
     "CheckpointSpoolUnwritable": (WARNING, "10m", "Training jobs cannot write the event spool: the save clocks of instrumented jobs are lost."),
     # The exporter's own view: when it cannot be trusted, the alerts above are blind or wrong.
     "CheckpointDataStale": (CRITICAL, "5m", "No exporter has confirmed its view of a job's checkpoints for longer than stale_after."),

@@ -429,6 +429,7 @@ def _alert_rules(c: MixinConfig) -> dict[str, list[_Rule]]:
         "CheckpointJobsNotWatched": f"checkpoint_exporter_discover_excess_jobs{s} > 0",
         "CheckpointTreeUnreadable": f"checkpoint_exporter_unreadable_paths{s} > 0",
         "CheckpointSpoolUnwritable": f"checkpoint_exporter_spool_writable{s} == 0",
+        "CheckpointSpoolSquatted": f"checkpoint_exporter_spool_squatted{s} > 0",
         "CheckpointDataStale": stale_views(c),
         "CheckpointMountStuck": (
             f"max by ({cl}, instance, mountpoint) (\n"
@@ -491,6 +492,7 @@ _DESCRIPTIONS = {
     "CheckpointJobAbandoned": "{{ $labels.training_job }}: no sign of life for {{ $value | humanizeDuration }} (no heartbeat, no spool event, no write in its tree), longer than its abandon_after, and it never said it finished: its checkpoint alerts no longer page. Mark it finished or remove it from the config.",
     "CheckpointJobsNotWatched": "checkpoint-exporter {{ $labels.instance }}: {{ $value }} job directories under {{ $labels.root }} are not watched (over max_jobs; the newest are watched).",
     "CheckpointTreeUnreadable": "{{ $labels.training_job }} ({{ $labels.tier }} tier) on {{ $labels.instance }}: {{ $value }} directories cannot be read by the exporter; what is below them is not seen.",
+    "CheckpointSpoolSquatted": "{{ $labels.training_job }} on {{ $labels.instance }}: {{ $value }} spool director(y/ies) of the job belong to another user and are not read (the log names each, its owner and the job's); the job's own events go to <job>@<uid>.",
     "CheckpointSpoolUnwritable": "checkpoint-exporter {{ $labels.instance }}: training jobs cannot write the event spool (missing, or not mode 1733); the save clocks of instrumented jobs on this node are lost.",
     "CheckpointDataStale": "{{ $labels.training_job }} ({{ $labels.tier }} tier): no exporter has confirmed its view for {{ $value | humanizeDuration }}; its other checkpoint alerts cannot be trusted, and the age-based ones hold back until it is fresh again.",
     "CheckpointMountStuck": "{{ $labels.mountpoint }} on {{ $labels.instance }}: a scan or statvfs has not answered within its budget (or statvfs fails); the jobs on it are not updated.",
@@ -507,7 +509,7 @@ NODE_ALERTS = frozenset({
     "CheckpointCapacityFillingUp", "CheckpointExporterDown", "CheckpointCollectorFailing",
     "CheckpointStorageClockSkew", "CheckpointMountStuck", "CheckpointExporterBadConfig",
     "CheckpointExporterNotReady", "CheckpointJobsNotWatched", "CheckpointTreeUnreadable",
-    "CheckpointSpoolUnwritable",
+    "CheckpointSpoolUnwritable", "CheckpointSpoolSquatted",
 })  # fmt: skip
 NODE, JOB = "node", "job"
 SCOPES = (NODE, JOB)
