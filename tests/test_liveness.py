@@ -4,11 +4,14 @@ abort_after. Pure core: fake clocks, no I/O."""
 
 from __future__ import annotations
 
+import pytest
+
 from checkpoint_exporter.config import Policy
 from checkpoint_exporter.core.tracker import FINISHED_GRACE, JobTracker
 from checkpoint_exporter.model import ABORTED, COMMITTED, DURABLE, WRITING, WatchedPath
 from checkpoint_exporter.sources.layouts.base import DCP, Check, Found
 from checkpoint_exporter.sources.spool import Event
+from checkpoint_exporter.sources.validate import Verdict
 
 T = 1_800_000_000.0
 
@@ -261,3 +264,58 @@ def test_a_newer_commit_waits_for_an_older_saves_verdict_under_way() -> None:
     newer = dcp("step-2", COMMITTED, T + 50, T + 60, 2)
     tracker.observe(DURABLE, [older, newer], T + 61)
     assert states(tracker)["step-1.ckpt"] == WRITING
+
+
+# --- a generation that loses files is never a new commit ([writers] item 1) ----------------
+
+
+@pytest.mark.parametrize("order", ["marker_first", "shards_first", "interleaved"])
+@pytest.mark.parametrize("pause", [0.5, 8.0])  # between two removals: within, and past, settle
+@pytest.mark.parametrize("marker", [True, False])  # DCP's .metadata; a tag without one
+def test_a_generation_deleted_file_by_file_is_never_a_new_save(
+    order: str, pause: float, marker: bool
+) -> None:
+    """retention's rmtree takes a committed generation's five files in any order, slowly, read
+    twice between removals: saves_committed stays at the one real save (DeepSpeed with keep-2
+    counted 6 commits for 4 saves; copies of DCP checkpoints deleted slowly raised it twice)."""
+    from checkpoint_exporter.sources.layouts.base import ZIP
+
+    tracker = job(deadline=60, settle=5)
+    tracker.observe(DURABLE, [], T)
+    names = ["__0_0.distcp", "__1_0.distcp", "__2_0.distcp", "__3_0.distcp"]
+    names = [*names, ".metadata"] if marker else [*names, "mp_rank_00_model_states.pt"]
+    if order == "marker_first":
+        names = names[::-1]
+    elif order == "interleaved":
+        names = [names[2], names[4], names[0], names[3], names[1]]
+    sizes = {name: 100 for name in names}
+
+    def found(now: float) -> Found:
+        files = len(sizes)
+        state = COMMITTED if marker and ".metadata" in sizes else WRITING
+        commit = T + 10 if state == COMMITTED else None
+        checks = (Check(ZIP, "mp_rank_00_model_states.pt"),) if not marker else ()
+        return Found("step-1", 1, state, T, T + 10, commit, 100 * files, files, checks,
+                     settles=not marker)  # fmt: skip
+
+    now = T + 10
+    tracker.observe(DURABLE, [found(now)], now)
+    if not marker:  # judged once still: committed when its check passes
+        now += 6
+        (request,) = tracker.observe(DURABLE, [found(now)], now).requests
+        tracker.submitted(request)
+        tracker.apply_verdict(request, Verdict(True))
+    assert tracker.state().saves_committed == 1
+    for name in names[:-1]:
+        del sizes[name]
+        for _ in range(2):
+            now += pause / 2
+            tracker.tick(now)
+            for request in tracker.observe(DURABLE, [found(now)], now).requests:
+                tracker.submitted(request)
+                tracker.apply_verdict(request, Verdict(False, "missing_shard"))
+            tracker.tick(now)
+    tracker.observe(DURABLE, [], now + 1)  # the last file went with the directory
+    state = tracker.state()
+    assert (state.saves_committed, state.saves_aborted) == (1, 0), (order, pause, marker)
+    assert state.deadline_misses + state.saves_within_deadline == 1

@@ -416,9 +416,11 @@ class JobTracker:
         )
         # rmtree removes entries in listing order, so shards may go while the marker stands: a
         # committed generation losing files is being deleted until it stays still for the settle
-        # period (then it lost them for good, and is judged again). Fewer bytes in as many files
-        # is a rewrite under the old marker, not a deletion.
-        losing_files = item.state == COMMITTED and item.files < gen.found.files
+        # period (then it lost them for good, and is judged again), with a marker or without
+        # (DeepSpeed's tags, a directory of safetensors): never a new save, whatever the order
+        # and however often it is read meanwhile. Fewer bytes in as many files is a rewrite under
+        # the old marker, or a single file written again in place: not a deletion.
+        losing_files = item.files < gen.found.files
         growing = item.files > gen.found.files or item.bytes > gen.found.bytes
         # A newer marker over files all written since the last commit: the same name saved
         # again (dcp.save into a fixed checkpoint_id, the marker renamed over the old one; or a
@@ -444,12 +446,12 @@ class JobTracker:
             self._recommit(gen, item, now)
         elif gen.state in (COMMITTED, DELETING) and losing_files:
             gen.state, gen.last_commit = DELETING, None  # retention at work, shards first
-        elif (
-            item.state == COMMITTED
-            and gen.state == DELETING
-            and (growing or self._still_after_losing_files(gen, now))
-        ):
-            gen.state = COMMITTED  # the marker is back (a rename, a restore): nothing new
+        elif gen.state == DELETING and not (item.state == WRITING and growing):
+            if item.state == COMMITTED and growing or self._still_after_losing_files(gen, now):
+                # The marker is back (a rename, a restore), or the files are lost for good:
+                # judged again, nothing new to count.
+                gen.state = COMMITTED
+            # else: still being deleted, however it is read meanwhile
         elif item.state == COMMITTED and gen.state != COMMITTED:
             self._commit(gen)
             self._just_committed.append(item.id)
@@ -476,11 +478,11 @@ class JobTracker:
             gen.committed_at = item.commit_time
 
     def _still_after_losing_files(self, gen: _Gen, now: float) -> bool:
-        """A generation whose marker stands, deleting since it lost files, unchanged since for
-        the settle period: the files are lost, not being deleted."""
+        """A generation whose marker stands (or that has none to lose), deleting since it lost
+        files, unchanged since for the settle period: the files are lost, not being deleted."""
         return (
             gen.state == DELETING
-            and gen.found.state == COMMITTED
+            and (gen.found.state == COMMITTED or gen.found.settles)
             and now - gen.progress_at >= self.policy.settle
         )
 
@@ -548,7 +550,7 @@ class JobTracker:
         if self._pending is not None:
             due.append(self._pending.due + TICK_MARGIN)
         for gen in self._gens.values():
-            if gen.state == DELETING and gen.found.state == COMMITTED:
+            if gen.state == DELETING and (gen.found.state == COMMITTED or gen.found.settles):
                 due.append(gen.progress_at + self.policy.settle + TICK_MARGIN)
         return min(due, default=None)
 
