@@ -284,8 +284,11 @@ class Service:
 
     def _pump(self) -> None:
         assert self.process.stderr is not None
-        for line in self.process.stderr:
-            self.log.append(line)
+        try:
+            for line in self.process.stderr:
+                self.log.append(line)
+        except ValueError:  # close() shut the stream under this reader: the process is gone
+            pass
 
     def url(self) -> str:
         def listening() -> str | None:
@@ -303,6 +306,9 @@ class Service:
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait(timeout=10)
+        for stream in (self.process.stdout, self.process.stderr):
+            if stream:
+                stream.close()
 
 
 def _get(url: str) -> tuple[int, str]:
