@@ -12,16 +12,14 @@ from __future__ import annotations
 
 import hashlib
 import os
+import queue
 import re
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import tarfile
 import threading
-import urllib.error
-import urllib.request
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +28,7 @@ import pytest
 import yaml
 
 import checkpoint_exporter
-from tests.conftest import REPO, require_tool, sample, wait_for
+from tests.conftest import REPO, Exporter, require_tool, sample, wait_for
 from tests.helpers.trees import dcp_generation
 
 VERSION = checkpoint_exporter.__version__
@@ -270,53 +268,20 @@ def _as_user_of(unit: Path) -> str:
 SERVICE_ENV = {"PATH": SYSTEM_PATH, "LANG": "C.UTF-8"}
 
 
-class Service:
-    """A unit's ExecStart= run as its User= through a Node, its log read as it comes."""
+class Service(Exporter):
+    """A unit's ExecStart= run as its User= through a Node; read, scraped and stopped as the
+    tests' other exporters are."""
 
-    def __init__(self, node: Node, unit: Path):
+    def __init__(self, node: Node, unit: Path):  # not Exporter's: its own command line
         argv = shlex.split(_unit_setting(unit, "ExecStart"))
         self.process = subprocess.Popen(
             node.command(_as_user_of(unit), *argv), stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True, env=SERVICE_ENV,
         )  # fmt: skip
+        self.lines: queue.Queue[str] = queue.Queue()
         self.log: list[str] = []
         threading.Thread(target=self._pump, daemon=True).start()
-
-    def _pump(self) -> None:
-        assert self.process.stderr is not None
-        try:
-            for line in self.process.stderr:
-                self.log.append(line)
-        except ValueError:  # close() shut the stream under this reader: the process is gone
-            pass
-
-    def url(self) -> str:
-        def listening() -> str | None:
-            assert self.process.poll() is None, "".join(self.log)
-            found = re.search(r"listening: .*url=(http://\S+?)/metrics", "".join(self.log))
-            return found.group(1) if found else None
-
-        return wait_for(listening, timeout=60)
-
-    def stop(self) -> int:
-        self.process.send_signal(signal.SIGTERM)
-        return self.process.wait(timeout=10)
-
-    def close(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(timeout=10)
-        for stream in (self.process.stdout, self.process.stderr):
-            if stream:
-                stream.close()
-
-
-def _get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=10) as reply:
-            return reply.status, reply.read().decode()
-    except urllib.error.HTTPError as error:
-        return error.code, error.read().decode()
+        self.base = self._wait_for_url(timeout=60)
 
 
 @pytest.mark.root
@@ -370,22 +335,20 @@ def test_the_guides_install_serves_under_the_shipped_units(
 
     service = Service(node, units / "checkpoint-exporter.service")
     try:
-        base = service.url()
-        assert _get(base + "/healthz")[0] == 200
-        assert _get(base + "/runbooks")[0] == 200  # package data: the wheel came from the sdist
+        assert service.get("/healthz").status == 200
+        assert service.get("/runbooks").status == 200  # package data: the wheel came from the sdist
 
         def scraped() -> str | None:
-            status, text = _get(base + "/metrics")
-            return text if status == 200 and sample(
-                text, "checkpoint_last_committed_valid", training_job="llama70b"
-            ) == 1 else None  # fmt: skip
+            text = service.metrics()
+            valid = sample(text, "checkpoint_last_committed_valid", training_job="llama70b")
+            return text if valid == 1 else None
 
         metrics = wait_for(scraped, timeout=60)
         assert sample(metrics, "checkpoint_last_committed_step", training_job="llama70b") == 100
         assert sample(metrics, "checkpoint_exporter_build_info", version=VERSION) == 1
         # The spool tmpfiles made, writable by training jobs, read as the unit's user.
         assert sample(metrics, "checkpoint_exporter_spool_writable") == 1
-        assert service.stop() == 0, "".join(service.log)
+        assert service.stop()[0] == 0, "".join(service.log)
     finally:
         service.close()
 
