@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 CODE := exporter tests bench
 
 .DEFAULT_GOAL := help
-.PHONY: help venv toolchain writers test test-fast lint generate bench fuzz demo clean
+.PHONY: help venv toolchain writers wheelhouse test test-fast lint generate bench fuzz demo release clean
 
 help:
 	@echo "make demo      a simulated cluster watched by the exporter; prints the URLs"
@@ -19,6 +19,7 @@ help:
 	@echo "make bench     run the benchmarks (bench/), write bench/results/"
 	@echo "make fuzz      10,000 hostile inputs per untrusted-input reader; crashes join the corpus"
 	@echo "make lint      ruff check and format check, and the import contract (lint-imports)"
+	@echo "make release   wheel, sdist, deploy tarball (and image) with SHA256SUMS into dist/"
 
 $(INSTALLED): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 10) and "Python >= 3.10 is required")'
@@ -35,6 +36,14 @@ toolchain:
 writers:
 	@PYTHON=$(PYTHON) scripts/ensure-writers
 
+# The runtime dependencies' and the build backend's wheels, for the package tests to install
+# offline (tests/test_package.py); fetched again when pyproject.toml changes.
+WHEELHOUSE := build/wheelhouse
+$(WHEELHOUSE)/.complete: pyproject.toml scripts/wheelhouse
+	@PYTHON=$(PYTHON) scripts/wheelhouse $(WHEELHOUSE)
+
+wheelhouse: $(WHEELHOUSE)/.complete
+
 # The prometheus-operator schemas the manifest tests validate against (npm, tests only).
 tests/k8s/node_modules: tests/k8s/package-lock.json
 	npm ci --prefix tests/k8s --no-audit --no-fund --loglevel=error
@@ -44,7 +53,7 @@ tests/k8s/node_modules: tests/k8s/package-lock.json
 # under a live exporter), three tests at a time since each spends most of its time waiting out
 # deadlines and settle periods.
 WRITERS_WORKERS ?= 3
-test: venv toolchain writers tests/k8s/node_modules
+test: venv toolchain writers tests/k8s/node_modules wheelhouse
 	$(BIN)/python -m pytest -m "not writers" $(PYTEST_ARGS)
 	$(BIN)/python -m pytest -m writers -n $(WRITERS_WORKERS) $(PYTEST_ARGS)
 
@@ -83,6 +92,10 @@ fuzz: venv
 DEMO_ARGS ?=
 demo: venv
 	$(BIN)/checkpoint-exporter demo $(DEMO_ARGS)
+
+# dist/: see scripts/release. RELEASE_ALLOW_DIRTY=1 builds from a tree with changes.
+release: venv
+	@PYTHON=$(BIN)/python scripts/release
 
 clean:
 	rm -rf $(VENV) .venv-writers bench/results test-artifacts tests/k8s/node_modules .pytest_cache .ruff_cache .hypothesis

@@ -24,6 +24,8 @@ pytestmark = [pytest.mark.kubectl]
 SYSTEMD = REPO / "deploy" / "systemd"
 KUBERNETES = REPO / "deploy" / "kubernetes"
 BASE = KUBERNETES / "base"
+# Where the units run the command: the package's own virtualenv (docs/install-package.md).
+INSTALLED = "/opt/checkpoint-exporter/bin/checkpoint-exporter"
 # The instance each template is verified as: a job for the drill, shard 0 of 2 for the scanner.
 INSTANCES = {"checkpoint-exporter-restore-drill@": "llama70b", "checkpoint-exporter-shared@": "0-2"}
 
@@ -31,10 +33,15 @@ INSTANCES = {"checkpoint-exporter-restore-drill@": "llama70b", "checkpoint-expor
 @pytest.fixture
 def units(tmp_path: Path) -> Path:
     """The units with ExecStart pointing at this checkout's command (verify checks it exists),
-    and the templates instantiated (a template itself cannot be verified)."""
+    and the templates instantiated (a template itself cannot be verified). The units as shipped,
+    on a node where the package is installed where they say, are verified by
+    tests/test_package.py."""
     command = str(Path(sys.executable).parent / "checkpoint-exporter")
     for unit in SYSTEMD.glob("checkpoint-exporter*"):
-        text = unit.read_text().replace("/usr/bin/checkpoint-exporter", command)
+        text = unit.read_text()
+        if unit.suffix == ".service":
+            assert INSTALLED in text, f"{unit.name}: ExecStart does not run {INSTALLED}"
+        text = text.replace(INSTALLED, command)
         name = unit.name
         for template, instance in INSTANCES.items():
             name = name.replace(f"{template}.", f"{template}{instance}.")
