@@ -447,7 +447,7 @@ class JobTracker:
         elif gen.state in (COMMITTED, DELETING) and losing_files:
             gen.state, gen.last_commit = DELETING, None  # retention at work, shards first
         elif gen.state == DELETING and not (item.state == WRITING and growing):
-            if item.state == COMMITTED and growing or self._still_after_losing_files(gen, now):
+            if (item.state == COMMITTED and growing) or self._still_after_losing_files(gen, now):
                 # The marker is back (a rename, a restore), or the files are lost for good:
                 # judged again, nothing new to count.
                 gen.state = COMMITTED
