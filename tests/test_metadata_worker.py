@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from checkpoint_exporter.core.tracker import ValidationRequest
-from checkpoint_exporter.daemon import scanner
-from checkpoint_exporter.daemon.scanner import Validator
+from checkpoint_exporter.daemon import validator
+from checkpoint_exporter.daemon.validator import Validator
 from checkpoint_exporter.model import COMMITTED
 from checkpoint_exporter.sources import dcp_metadata
 from checkpoint_exporter.sources.layouts.base import ZIP, Check, Found
@@ -122,15 +122,15 @@ def _request(root: Path, generation: str, checks: tuple[Check, ...]) -> Validati
 
 
 def _verdict_for(request: ValidationRequest, root: Path) -> Verdict | None:
-    validator = Validator(Limits())
-    validator.start()
+    checker = Validator(Limits())
+    checker.start()
     try:
-        validator.submit(request, str(root))
-        answered, verdict = validator.verdicts.get(timeout=10)
+        checker.submit(request, str(root))
+        answered, verdict = checker.verdicts.get(timeout=10)
         assert answered is request
         return verdict
     finally:
-        validator.stop()
+        checker.stop()
 
 
 def test_a_validator_bug_is_an_unchecked_answer_never_a_silence(
@@ -141,7 +141,7 @@ def test_a_validator_bug_is_an_unchecked_answer_never_a_silence(
     def broken(*args, **kwargs):  # type: ignore[no-untyped-def]
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(scanner, "validate", broken)
+    monkeypatch.setattr(validator, "validate", broken)
     check = Check(ZIP, "step-1/.metadata")
     verdict = _verdict_for(_request(tmp_path, "step-1", (check,)), tmp_path)
     assert verdict is not None and verdict.unchecked and not verdict.valid
