@@ -1,15 +1,24 @@
 """Structural checks of committed generations, off the core thread: one ``Validator`` per
 filesystem, each reading a generation through descriptors reached from its tier root one
-component at a time, never through a symlink."""
+component at a time, never through a symlink.
+
+A validator takes its requests by job, in turn (``_JobQueue``): one job's queue of costly checks
+(files that each cost the parser its whole CPU budget) delays another job's verdict by the one
+check under way, not by the whole queue. The parser all validators share serves them in the
+order they asked (``dcp_metadata``), so a job on another mount waits for at most one file per
+mount.
+"""
 
 from __future__ import annotations
 
+import collections
 import errno
 import logging
 import os
 import queue
 import stat
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
@@ -23,6 +32,74 @@ log = logging.getLogger(__name__)
 # A generation whose checks could not run (I/O trouble, the metadata parser unavailable) is
 # checked again after this long, not on every pass.
 RETRY_UNCHECKED_SECONDS = 30.0
+# What a check is charged at least, so that jobs whose checks cost next to nothing still take
+# turns.
+MIN_CHARGE_SECONDS = 0.001
+
+_Item = tuple[ValidationRequest, str, bool]  # a request, its tier root, may the root be a link
+
+
+class _JobQueue:
+    """Validation requests, taken by job in turn: start-time fair queueing, each job charged the
+    wall time its checks took. The next request is the oldest of the waiting job that has been
+    charged least since it last had nothing waiting; a job that starts waiting is charged as
+    much as the one taken last (it banks no credit for its idle time), and jobs charged alike
+    take turns in the order they began to wait. So every job with work gets an equal share of
+    the validator's time, and one job's queue of costly checks delays another's verdict by the
+    check under way only. A generation waits once: a request for a newer signature replaces
+    the older one (whose verdict the tracker would drop), so a file touched faster than it is
+    checked grows no queue."""
+
+    def __init__(self) -> None:
+        self._condition = threading.Condition()
+        self._waiting: dict[str, collections.deque[_Item]] = {}
+        self._charged: dict[str, float] = {}  # each busy job's virtual time
+        self._now = 0.0  # the virtual time of the request taken last
+        self._closed = False
+
+    def put(self, job: str, item: _Item) -> None:
+        with self._condition:
+            if job not in self._waiting:
+                self._waiting[job] = collections.deque()
+                self._charged[job] = max(self._charged.get(job, 0.0), self._now)
+            waiting = self._waiting[job]
+            key = (item[0].tier, item[0].generation)
+            for index, (queued, _, _) in enumerate(waiting):
+                if (queued.tier, queued.generation) == key:
+                    waiting[index] = item
+                    return
+            waiting.append(item)
+            self._condition.notify()
+
+    def get(self) -> _Item | None:
+        """The next request (waiting for one), or None once closed."""
+        with self._condition:
+            self._condition.wait_for(lambda: self._closed or bool(self._waiting))
+            if self._closed:
+                return None
+            job = min(self._waiting, key=self._charged.__getitem__)  # ties: first to wait
+            waiting = self._waiting[job]
+            item = waiting.popleft()
+            if not waiting:
+                del self._waiting[job]
+            self._now = self._charged[job]
+            return item
+
+    def charge(self, job: str, seconds: float) -> None:
+        """What the job's request just taken cost."""
+        with self._condition:
+            self._charged[job] = self._charged.get(job, self._now) + max(
+                seconds, MIN_CHARGE_SECONDS
+            )
+            # A job no longer waiting keeps its charge only while it is ahead of the others'.
+            for name in [n for n, v in self._charged.items() if v <= self._now]:
+                if name not in self._waiting:
+                    del self._charged[name]
+
+    def close(self) -> None:
+        with self._condition:
+            self._closed = True
+            self._condition.notify_all()
 
 
 def _identity(path: str) -> tuple[int, int] | None:
@@ -48,7 +125,7 @@ class Validator:
         name: str = "validator",
     ):
         self.limits = limits
-        self._requests: queue.Queue[tuple[ValidationRequest, str, bool] | None] = queue.Queue()
+        self._requests = _JobQueue()
         # A None verdict: the generation moved or vanished while read; judge it again later.
         self.verdicts = verdicts if verdicts is not None else queue.Queue()
         self._notify = notify
@@ -62,25 +139,27 @@ class Validator:
         """Stop now: requests still queued are dropped, a parse under way is cut short; waits
         at most ``timeout`` for a read in progress (one hung in the kernel is left behind)."""
         self._stopping.set()
-        self._requests.put(None)
+        self._requests.close()
         if self.limits.metadata_parser is not None:
             self.limits.metadata_parser.close()
         self._thread.join(timeout=timeout)
 
     def submit(self, request: ValidationRequest, root: str, follow_root: bool = True) -> None:
         """``follow_root``: whether ``root`` itself may be a symlink (a configured root)."""
-        self._requests.put((request, root, follow_root))
+        self._requests.put(request.job, (request, root, follow_root))
 
     def _run(self) -> None:
         while (item := self._requests.get()) is not None and not self._stopping.is_set():
             request, root, follow_root = item
             target = os.path.join(root, request.generation)
             before = _identity(target)
+            started = time.monotonic()
             try:
                 verdict = _validate_beneath(root, follow_root, request.found.checks, self.limits)
             except Exception as error:  # our bug, not the checkpoint's: no verdict, asked later
                 log.exception("validation of %s/%s failed", root, request.generation)
                 verdict = Verdict(False, None, f"not checked: {error!r}", unchecked=True)
+            self._requests.charge(request.job, time.monotonic() - started)
             if verdict is None:  # gone, or swapped for a symlink since it was listed
                 self._put(request, None)
                 continue
