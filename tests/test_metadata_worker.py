@@ -4,11 +4,14 @@ bug) is never a verdict on a checkpoint; only the checkpoint's own faults are.""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
+import json
 import os
 import select
 import shutil
+import socket
 import struct
 import subprocess
 import threading
@@ -17,14 +20,22 @@ from pathlib import Path
 import pytest
 
 from checkpoint_exporter.core.tracker import ValidationRequest
-from checkpoint_exporter.daemon import scanner
-from checkpoint_exporter.daemon.scanner import Validator
+from checkpoint_exporter.daemon import validator
+from checkpoint_exporter.daemon.validator import Validator
 from checkpoint_exporter.model import COMMITTED
-from checkpoint_exporter.sources import dcp_metadata
-from checkpoint_exporter.sources.layouts.base import ZIP, Check, Found
-from checkpoint_exporter.sources.validate import Limits, Verdict
+from checkpoint_exporter.sources import ckpt_step, dcp_metadata
+from checkpoint_exporter.sources.layouts.base import DCP, ZIP, ZIP_STEP, Check, Found
+from checkpoint_exporter.sources.validate import BAD_METADATA, Limits, Verdict, validate
 from tests.conftest import wait_for
+from tests.helpers.hostile import (
+    allocation_bomb,
+    costly_step_pickle,
+    metadata_naming,
+    refused_global,
+    size_over_memoized_list,
+)
 from tests.helpers.trees import dcp_generation, dcp_metadata_bytes
+from tests.test_layout_lightning import torch_like_zip
 
 MiB = 1024 * 1024
 
@@ -116,21 +127,130 @@ def test_a_real_file_too_large_for_the_limit_is_unchecked_a_bomb_is_bad(
         roomy.close()
 
 
+@pytest.mark.parametrize("framed", [False, True])
+def test_an_allocation_bomb_above_24_times_its_size_under_the_cap_is_a_bomb(
+    tmp_path: Path, parser, framed: bool
+) -> None:
+    """32 MiB of `}` asks for 2.3 GiB: more than 24 times its size, but that bound is above the
+    768 MiB cap, so the worker fails at the cap. It is still a bomb (judged once as
+    bad_metadata), not a real file too large for the operator's cap (asked again every 30 s);
+    also when the whole pickle is one FRAME, which hides how far the parser got."""
+    bomb = tmp_path / "bomb.metadata"
+    bomb.write_bytes(allocation_bomb(32 * MiB, framed))
+    with pytest.raises(dcp_metadata.MetadataTooLarge, match="allocation bomb"):
+        parse(parser, bomb)
+    good = tmp_path / "good.metadata"
+    good.write_bytes(dcp_metadata_bytes(4, 16))
+    assert len(parse(parser, good).shards) == 4
+
+
+def test_a_refusal_that_repeats_the_file_comes_back_as_a_short_excerpt(
+    tmp_path: Path, parser
+) -> None:
+    """A shard path of 4 MiB of NUL, a module name of 4 MiB: the refusal names them, in an
+    excerpt of bounded length that says how long they were (it was the whole value, escaped:
+    16 MiB here, 201 MB over the socket and in one log line for 48 MiB)."""
+    for name, data in (
+        ("nul-path.metadata", metadata_naming("\0" * (4 * MiB))),
+        ("module.metadata", refused_global("m" * (4 * MiB))),
+    ):
+        (tmp_path / name).write_bytes(data)
+        with pytest.raises(dcp_metadata.MetadataError) as refused:
+            parse(parser, tmp_path / name)
+        message = str(refused.value)
+        assert len(message) < 1000, (name, len(message))
+        assert f"{4 * MiB:,} characters" in message, message
+
+
+def test_the_daemon_reads_no_more_than_reply_bytes_of_an_answer() -> None:
+    """Whatever the worker says, the daemon reads at most REPLY_BYTES of it: an answer that
+    claims more is refused after its 8-byte header."""
+    ours, theirs = socket.socketpair()
+    body = json.dumps({"error": "x" * (64 * MiB)}).encode()
+
+    def send() -> None:
+        with contextlib.suppress(OSError):  # the daemon's end closes without reading it all
+            theirs.sendall(len(body).to_bytes(8, "big") + body)
+        theirs.close()
+
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
+    try:
+        with pytest.raises(ValueError, match="more than"):
+            dcp_metadata._receive(ours)
+    finally:
+        ours.close()
+        sender.join(timeout=10)
+    assert 64 * MiB > dcp_metadata.REPLY_BYTES
+
+
+def test_a_file_that_costs_cpu_not_memory_is_judged_once_within_its_budget(
+    tmp_path: Path,
+) -> None:
+    """torch.Size over one memoized list of a million ints, rebuilt 100,000 times: 2.7 MB that
+    would hold the parser for minutes (its timeout, 120 s, then again every 30 s). The worker
+    stops at its CPU budget for the file's size, and that is a verdict (bad_metadata, kept for
+    the file's signature), not a parser unavailable; the next file gets a fresh worker."""
+    generation = tmp_path / "step-1"
+    dcp_generation(generation)
+    (generation / ".metadata").write_bytes(size_over_memoized_list(1_000_000, 100_000))
+    parser = dcp_metadata.IsolatedParser(timeout=90.0)
+    try:
+        verdict = validate(str(tmp_path), [Check(DCP, "step-1")], Limits(metadata_parser=parser))
+        assert not verdict.unchecked, verdict
+        assert verdict.reason == BAD_METADATA and "CPU" in verdict.detail, verdict
+        good = tmp_path / "good.metadata"
+        good.write_bytes(dcp_metadata_bytes(4, 16))
+        assert len(parse(parser, good).shards) == 4
+    finally:
+        parser.close()
+
+
+def test_the_step_scan_of_a_ckpt_runs_in_the_worker_not_in_the_daemon(
+    tmp_path: Path, parser, monkeypatch
+) -> None:
+    """The opcode scan of a .ckpt's data.pkl costs up to seconds of CPU: the daemon hands the
+    descriptor to the worker (the scan run here would fail this test)."""
+    (tmp_path / "last.ckpt").write_bytes(torch_like_zip({"global_step": 42, "state": [1, 2]}))
+
+    def in_the_daemon(*args: object) -> None:
+        raise AssertionError("the opcode scan ran in the daemon's process")
+
+    monkeypatch.setattr(ckpt_step, "step_in", in_the_daemon)
+    limits = Limits(metadata_parser=parser)
+    assert validate(str(tmp_path), [Check(ZIP_STEP, "last.ckpt")], limits) == Verdict(True, step=42)
+
+
+def test_the_step_scan_runs_under_the_cpu_budget(tmp_path: Path) -> None:
+    """The costliest data.pkl the scan accepts (2.8 million opcodes, about 2 s): under a budget
+    of under a second its step is unknown, not waited for; the zip is still judged."""
+    (tmp_path / "last.ckpt").write_bytes(torch_like_zip(costly_step_pickle(1_400_000)))
+    tight = dcp_metadata.IsolatedParser(cpu_seconds=0.1, cpu_seconds_per_mib=0.0)
+    roomy = dcp_metadata.IsolatedParser()
+    checks = [Check(ZIP_STEP, "last.ckpt")]
+    try:
+        assert validate(str(tmp_path), checks, Limits(metadata_parser=roomy)).step == 5
+        assert validate(str(tmp_path), checks, Limits(metadata_parser=tight)) == Verdict(True)
+    finally:
+        tight.close()
+        roomy.close()
+
+
 def _request(root: Path, generation: str, checks: tuple[Check, ...]) -> ValidationRequest:
     found = Found(generation, 1, COMMITTED, 0, 0, 0, 1, 1, checks)
     return ValidationRequest("j", "durable", generation, (1, 1, 0.0), found)
 
 
 def _verdict_for(request: ValidationRequest, root: Path) -> Verdict | None:
-    validator = Validator(Limits())
-    validator.start()
+    checker = Validator(Limits())
+    checker.start()
     try:
-        validator.submit(request, str(root))
-        answered, verdict = validator.verdicts.get(timeout=10)
+        checker.submit(request, str(root))
+        answered, verdict = checker.verdicts.get(timeout=10)
         assert answered is request
         return verdict
     finally:
-        validator.stop()
+        checker.stop()
 
 
 def test_a_validator_bug_is_an_unchecked_answer_never_a_silence(
@@ -141,7 +261,7 @@ def test_a_validator_bug_is_an_unchecked_answer_never_a_silence(
     def broken(*args, **kwargs):  # type: ignore[no-untyped-def]
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(scanner, "validate", broken)
+    monkeypatch.setattr(validator, "validate", broken)
     check = Check(ZIP, "step-1/.metadata")
     verdict = _verdict_for(_request(tmp_path, "step-1", (check,)), tmp_path)
     assert verdict is not None and verdict.unchecked and not verdict.valid

@@ -9,6 +9,15 @@ import time
 
 LEVELS = ("debug", "info", "warn", "error")
 FORMATS = ("logfmt", "json")
+# The most of a message, and of a traceback, that one line carries (before escaping, which makes
+# a control character six): every line is bounded, whatever a message repeats of a file.
+FIELD_CHARS = 8192
+
+
+def _capped(text: str) -> str:
+    if len(text) <= FIELD_CHARS:
+        return text
+    return f"{text[:FIELD_CHARS]}... [{len(text) - FIELD_CHARS:,} characters cut]"
 
 
 def _quote(value: object) -> str:
@@ -29,10 +38,10 @@ class _Formatter(logging.Formatter):
             + f".{int(record.msecs):03d}Z",
             "level": {"WARNING": "warn"}.get(record.levelname, record.levelname.lower()),
             "logger": record.name.removeprefix("checkpoint_exporter."),
-            "msg": record.getMessage(),
+            "msg": _capped(record.getMessage()),
         }
         if record.exc_info:
-            fields["err"] = self.formatException(record.exc_info)
+            fields["err"] = _capped(self.formatException(record.exc_info))
         if self.style == "json":
             return json.dumps(fields)
         return " ".join(f"{key}={_quote(value)}" for key, value in fields.items())

@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 
 from checkpoint_exporter.core.tracker import ValidationRequest
-from checkpoint_exporter.daemon.scanner import Validator
+from checkpoint_exporter.daemon.validator import Validator
 from checkpoint_exporter.sources.listing import OpsBudget, TreeReader
 from checkpoint_exporter.sources.validate import Limits
 from tests.conftest import as_nobody, parse_samples, sample, wait_for, write_config
+from tests.helpers.hostile import allocation_bomb, metadata_naming, refused_global
 from tests.helpers.trees import dcp_generation, scan
 
 pytestmark = [pytest.mark.root, pytest.mark.daemon]
@@ -189,3 +190,84 @@ def test_an_allocation_bomb_in_metadata_never_reaches_the_daemons_memory(
     peak = _peak_rss_mb(served.process.pid)
     print(f"exporter peak RSS with the bomb: {peak:.0f} MB")
     assert peak < 200
+
+
+def _children(pid: int) -> list[int]:
+    return [
+        int(entry.name)
+        for entry in Path("/proc").iterdir()
+        if entry.name.isdigit()
+        and _field(entry / "stat", lambda text: text.rsplit(")", 1)[1].split()[1]) == str(pid)
+    ]
+
+
+def _field(path: Path, pick) -> str | None:  # type: ignore[no-untyped-def]
+    try:
+        return pick(path.read_text())
+    except (OSError, IndexError):
+        return None  # exited meanwhile
+
+
+def test_a_refusal_that_repeats_a_48_mib_file_stays_out_of_the_daemon(
+    tmp_path: Path, exporter
+) -> None:
+    """A shard path of 48 MiB of NUL, and a module name of 48 MiB, beside a healthy job: each is
+    bad_metadata, logged in a line of bounded length that says how long the value was; the
+    daemon's peak RSS stays small (it was 970 MB: the refusal came back over the worker's socket
+    as a 201 MB JSON string, then as one 251-million-character log line)."""
+    size = 48 << 20
+    jobs = {
+        "nul": metadata_naming("\0" * size),
+        "module": refused_global("m" * size),
+    }
+    for name, data in jobs.items():
+        dcp_generation(tmp_path / name / "step-1")
+        (tmp_path / name / "step-1" / ".metadata").write_bytes(data)
+    good = tmp_path / "good"
+    dcp_generation(good / "step-1")
+    entries = [
+        f"{{name: {name}, path: {tmp_path / name}, layout: dcp}}" for name in [*jobs, "good"]
+    ]
+    config = write_config(tmp_path, f"jobs: [{', '.join(entries)}]\n")
+    served = exporter("--config.file", str(config))
+    for name in jobs:
+        wait_for(
+            lambda name=name: (
+                served.value("checkpoint_last_committed_valid", training_job=name) == 0
+            ),
+            timeout=120,
+        )
+    dcp_generation(good / "step-2")
+    wait_for(lambda: served.value("checkpoint_last_committed_step", training_job="good") == 2)
+    wait_for(lambda: served.value("checkpoint_last_committed_valid", training_job="good") == 1)
+    log = served.drain_log()
+    assert sum(f"{size:,} characters" in line for line in log) == 2, log
+    longest = max(len(line) for line in log)
+    peak = _peak_rss_mb(served.process.pid)
+    workers = [_peak_rss_mb(child) for child in _children(served.process.pid)]
+    print(f"daemon peak RSS {peak:.0f} MB, parser worker peak {max(workers, default=0):.0f} MB,"
+          f" longest log line {longest} characters")  # fmt: skip
+    assert longest < 20_000
+    assert peak < 200
+
+
+def test_an_allocation_bomb_too_big_for_its_bound_under_the_cap_is_judged(
+    tmp_path: Path, exporter
+) -> None:
+    """48 MiB of `}`: past 24 times its size the worker would pass its 768 MiB cap, so it fails
+    at the cap. The newest generation is still judged (bad_metadata, valid 0), once: not left
+    unchecked and asked again every 30 s, with the gauge showing its predecessor's valid 1."""
+    job = tmp_path / "job"
+    dcp_generation(job / "step-1")
+    config = write_config(tmp_path, f"jobs: [{{name: j, path: {job}, layout: dcp}}]\n")
+    served = exporter("--config.file", str(config))
+    wait_for(lambda: served.value("checkpoint_last_committed_valid", training_job="j") == 1)
+    dcp_generation(job / "step-2")
+    (job / "step-2" / ".metadata").write_bytes(allocation_bomb(48 << 20))
+    wait_for(lambda: served.value("checkpoint_last_committed_step", training_job="j") == 2)
+    wait_for(
+        lambda: served.value("checkpoint_last_committed_valid", training_job="j") == 0, timeout=60
+    )
+    log = "".join(served.drain_log())
+    assert "an allocation bomb" in log and "not checked" not in log
+    print(f"daemon peak RSS with a 48 MiB bomb: {_peak_rss_mb(served.process.pid):.0f} MB")

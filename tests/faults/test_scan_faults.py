@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from checkpoint_exporter.core.tracker import ValidationRequest
-from checkpoint_exporter.daemon.scanner import Validator
+from checkpoint_exporter.daemon.validator import Validator
 from checkpoint_exporter.sources import dcp_metadata
 from checkpoint_exporter.sources.validate import Limits
 from tests.conftest import as_nobody, parse_samples, sample, wait_for, write_config

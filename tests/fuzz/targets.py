@@ -41,10 +41,16 @@ def _inside(path: str) -> bool:
     return not path.startswith("/") and ".." not in posixpath.normpath(path or ".").split("/")
 
 
+# A refusal names what it refuses in a short excerpt, never the whole value: what the worker
+# answers and the daemon logs stays small whatever the file repeats.
+_MESSAGE_CHARS = 1000
+
+
 def dcp_metadata_target(data: bytes) -> None:
     try:
         result = dcp_metadata.loads(data)
-    except dcp_metadata.MetadataError:
+    except dcp_metadata.MetadataError as error:
+        assert len(str(error)) < _MESSAGE_CHARS, f"a message of {len(str(error))} characters"
         return
     for relative, size in result.shards.items():
         assert _inside(relative), relative
@@ -59,8 +65,8 @@ _isolated: list[dcp_metadata.IsolatedParser] = []
 
 def dcp_metadata_isolated_target(data: bytes) -> None:
     """What the daemon does with a .metadata: parsed in the capped worker. Whatever the pickle
-    asks for, the answer is facts or MetadataError, and this process's peak memory does not
-    move by more than the input's own size."""
+    asks for (memory, CPU time), the answer is facts or MetadataError with a short message, and
+    this process's peak memory does not move by more than the input's own size."""
     if not _isolated:
         _isolated.append(dcp_metadata.IsolatedParser(memory_limit=_ISOLATED_LIMIT))
         atexit.register(_isolated[0].close)
@@ -70,7 +76,8 @@ def dcp_metadata_isolated_target(data: bytes) -> None:
         handle.flush()
         try:
             result = _isolated[0].parse(handle.fileno())
-        except dcp_metadata.MetadataError:
+        except dcp_metadata.MetadataError as error:
+            assert len(str(error)) < _MESSAGE_CHARS, f"a message of {len(str(error))} characters"
             result = None
     grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
     assert grown_mb < 32 + len(data) / 2**20, f"the daemon's peak RSS grew {grown_mb:.0f} MB"

@@ -33,6 +33,19 @@ def json_value(data: bytes | str) -> Any:
         raise ValueError(f"JSON is not UTF-8: {error.reason}") from None
 
 
+EXCERPT_CHARS = 100
+
+
+def excerpt(text: str, limit: int = EXCERPT_CHARS) -> str:
+    """What a message may show of ``text`` read from a tenant's file: at most ``limit``
+    characters, escaped unless printable, and how long it was when cut. A message that repeated
+    the whole value (a 48 MB path of NUL) would carry the file into replies and log lines."""
+    shown = text[:limit]
+    if not shown.isprintable():
+        shown = repr(shown)[1:-1]
+    return shown if len(text) <= limit else f"{shown}... ({len(text):,} characters)"
+
+
 def finite_number(value: object) -> float | None:
     """A JSON number as a finite float; None for booleans, NaN, infinities, out-of-range ints
     and anything that is not a number."""

@@ -28,7 +28,7 @@ from checkpoint_exporter.sources.layouts.base import (
     Check,
 )
 from checkpoint_exporter.sources.listing import Dir
-from checkpoint_exporter.sources.untrusted import INT64_MAX, bounded_int, json_value
+from checkpoint_exporter.sources.untrusted import INT64_MAX, bounded_int, excerpt, json_value
 
 MISSING_SHARD = "missing_shard"
 TRUNCATED_SHARD = "truncated_shard"  # shorter than its own metadata or header says
@@ -181,7 +181,8 @@ def _dcp(path: str, check: Check, limits: Limits) -> None:
                 size = _size(path, relative, {})
             if size < needed:
                 raise _Invalid(
-                    TRUNCATED_SHARD, f"{relative} is {size} bytes, metadata needs {needed}"
+                    TRUNCATED_SHARD,
+                    f"{excerpt(relative)} is {size} bytes, metadata needs {needed}",
                 )
 
 
@@ -191,8 +192,16 @@ def _zip(path: str, check: Check, limits: Limits) -> None:
 
 def _zip_step(path: str, check: Check, limits: Limits) -> int | None:
     """The zip check, then the ``global_step`` inside (``ckpt_step``, never unpickled), both
-    on one descriptor: a file renamed over meanwhile cannot lend its step to the checked one."""
-    return _whole_zip(path, check, ckpt_step.step_in)
+    on one descriptor: a file renamed over meanwhile cannot lend its step to the checked one.
+    The daemon's scan runs in the parser's worker, under its CPU budget: up to seconds of CPU
+    per file, never on the daemon's own threads."""
+    parser = limits.metadata_parser
+    if parser is None:
+        return _whole_zip(path, check, ckpt_step.step_in)
+    try:
+        return _whole_zip(path, check, lambda fd, size: parser.step(fd))
+    except dcp_metadata.ParserUnavailable as error:
+        raise _Unchecked(f"{check.path}: {error}") from None
 
 
 def _whole_zip(
