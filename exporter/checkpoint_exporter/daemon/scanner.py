@@ -42,6 +42,7 @@ import math
 import os
 import queue
 import re
+import stat
 import threading
 import time
 from collections.abc import Callable, Collection, Sequence
@@ -59,7 +60,7 @@ from checkpoint_exporter.daemon.timers import TimerQueue
 from checkpoint_exporter.daemon.validator import RETRY_UNCHECKED_SECONDS, Validator
 from checkpoint_exporter.daemon.workers import MountWorker
 from checkpoint_exporter.model import DURABLE, DaemonState, WatchedPath
-from checkpoint_exporter.sources import dcp_metadata, layouts
+from checkpoint_exporter.sources import dcp_metadata, fsread, layouts
 from checkpoint_exporter.sources.layouts.base import Options
 from checkpoint_exporter.sources.listing import OpsBudget, TreeReader
 from checkpoint_exporter.sources.spool import HOLD, Event, SpoolReader
