@@ -155,6 +155,15 @@ def test_restore_drills_reach_metrics(node) -> None:
     named = drill(config, "--generation", "step-200")
     assert named.returncode == 0 and "generation=step-200" in named.stderr
     assert drill(config, "--generation", "step-999").returncode == 1
+    # Both reach the metrics before the next test reads them (its baseline would race them).
+    wait_for(
+        lambda: (
+            sample(metrics(exporter), "checkpoint_restores_total", training_job="llama") == 5
+            and sample(metrics(exporter), "checkpoint_restore_failures_total", training_job="llama")
+            == 2
+        ),
+        10,
+    )
 
 
 def test_full_drill_without_torch_is_not_a_failed_restore(node, tmp_path: Path) -> None:

@@ -150,11 +150,15 @@ def test_broken_and_hostile_generations_are_invalid(cluster, tmp_path: Path) -> 
         )
     )
     (root / "broken" / "step-3" / "__0_0.distcp").unlink()  # a shard deleted after the commit
+    # Being deleted (retention takes files one by one) until it stays still for the settle
+    # period; then the shard is lost for good, and the generation is judged again.
     wait_for(
-        lambda: (
-            sample(metrics(exporter), "checkpoint_last_committed_valid", training_job="broken") == 0
-        )
-    )
+        lambda: sample(
+            metrics(exporter), "checkpoint_validation_failures_total", training_job="broken",
+            reason="missing_shard",
+        ) == 1
+    )  # fmt: skip
+    assert sample(metrics(exporter), "checkpoint_last_committed_valid", training_job="broken") == 0
 
     marker = tmp_path / "pwned"
     hostile = shutil.copytree(good, staging / "d")

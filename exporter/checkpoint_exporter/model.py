@@ -156,6 +156,7 @@ class JobState:
     # died stays here until its timeline expires.
     local_saves_in_progress: int = 0
     last_write_end: float | None = None  # its last local write (this node's ranks)
+    last_write_step: int | None = None  # the step of that save, when its events give one
     last_write_spread: float | None = None  # its spread of write ends across local ranks
     restores: int = 0  # every restore, drills included
     restore_failures: int = 0

@@ -19,7 +19,10 @@ pytestmark = [pytest.mark.daemon]
 def test_writer_killed_mid_commit(tmp_path: Path, exporter) -> None:
     job = tmp_path / "job"
     job.mkdir()
-    config = write_config(tmp_path, f"jobs: [{{name: j, path: {job}, deadline: 3s}}]\n")
+    # abort_after as short as the deadline: the test waits for no progress, not ten minutes.
+    config = write_config(
+        tmp_path, f"jobs: [{{name: j, path: {job}, deadline: 3s, abort_after: 3s}}]\n"
+    )
     served = exporter("--config.file", str(config))
     writer = Writer(
         job, "--steps", "2", "--first-step", "10", "--step-every", "10",
@@ -33,7 +36,7 @@ def test_writer_killed_mid_commit(tmp_path: Path, exporter) -> None:
         writer.kill()  # SIGKILL to the whole process group: no rank gets to clean up
     started = time.monotonic()
     wait_for(lambda: served.value("checkpoint_saves_aborted_total", training_job="j") == 1, 15)
-    assert time.monotonic() - started < 8  # the 3 s deadline, plus a scan
+    assert time.monotonic() - started < 8  # abort_after's 3 s, plus a scan
     time.sleep(1.5)  # the abort is counted once, not on every scan
     text = served.metrics()
     assert sample(text, "checkpoint_saves_aborted_total", training_job="j") == 1

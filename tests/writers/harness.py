@@ -183,7 +183,8 @@ class Watched:
         config = write_config(
             config_dir,
             f"""
-defaults: {{interval: 1m, deadline: {deadline}, settle: {settle}, {poll}watch: {watch}}}
+defaults: {{interval: 1m, deadline: {deadline}, abort_after: {deadline}, settle: {settle},
+           {poll}watch: {watch}}}
 jobs:
   - {{name: {JOB}, path: {root}, layout: {layout}{extra}}}
 """,
@@ -289,7 +290,8 @@ def retained(paths: list[str]) -> int:
 class Scenario:
     """The tier's common run: ``saves`` good saves under the writer's own retention, figures
     checked after each; a quiet spell past the deadline (no false abort); then one save killed
-    half-way, which must count as exactly one abort with the previous generation kept."""
+    half-way, which must count as exactly one abort with the previous generation kept, once
+    nothing moved for abort_after (set to the deadline here, so the tier waits seconds)."""
 
     driver: Driver
     watched: Watched

@@ -228,6 +228,7 @@ class JobTracker:
     clocks: Clocks = field(default_factory=Clocks)
     last_phases: dict[str, float] = field(default_factory=dict)
     last_write_end: float | None = None
+    last_write_step: int | None = None  # the step of the save last_write_end is of
     last_write_spread: float | None = None
     restores: int = 0
     restore_failures: int = 0
@@ -661,6 +662,10 @@ class JobTracker:
         if timeline is not None:
             self.last_write_end = timeline.write_end()
             self.last_write_spread = timeline.write_spread()
+            # Which save that write end is of: cross-node rules compare only the nodes that
+            # wrote the job's newest save (a node the job left still shows its last one).
+            step = timeline.key[1] if timeline.key[0] == "step" else None
+            self.last_write_step = step if isinstance(step, int) else None
         if window is not None:
             late = phases.get("total", 0.0) > self.policy.deadline
             step = key[1] if key is not None and key[0] == "step" else None
@@ -1308,6 +1313,7 @@ class JobTracker:
                 1 for timeline in self.clocks.saves.values() if timeline.live and not timeline.ended
             ),
             last_write_end=self.last_write_end,
+            last_write_step=self.last_write_step,
             last_write_spread=self.last_write_spread,
             restores=self.restores,
             restore_failures=self.restore_failures,

@@ -63,9 +63,8 @@ PAGING = "training_job:checkpoint_job_paging:max"
 # critical alerts page.
 ACTIVE = "training_job:checkpoint_job_active:bool"
 PAGES = "training_job:checkpoint_job_pages:bool"
-# The newest save's start (the durable tier's view), and each node's write end of that save:
-# a node still exporting an older save (the job moved to other nodes) is no baseline.
-LAST_SAVE_START = "training_job:checkpoint_last_save_start_timestamp_seconds:max"
+# Each node's write end of the job's newest save: a node still exporting an older save (the job
+# moved to other nodes) is no baseline.
 CURRENT_WRITE_END = (
     "training_job_instance:checkpoint_last_save_local_write_end_timestamp_seconds:current"
 )
@@ -141,7 +140,6 @@ def _job_recording(c: MixinConfig) -> list[dict[str, str]]:
         FINISHED: "checkpoint_job_finished",
         ABANDON_AFTER: "checkpoint_job_abandon_after_seconds",
         PAGING: "checkpoint_job_paging",
-        LAST_SAVE_START: "checkpoint_last_save_start_timestamp_seconds",
     }
     rules = [
         {"record": name, "expr": f"max by ({cl}, training_job) ({metric}{s})"}
@@ -149,15 +147,19 @@ def _job_recording(c: MixinConfig) -> list[dict[str, str]]:
     ]
     on = f"on ({cl}, training_job)"
     write_end = f"checkpoint_last_save_local_write_end_timestamp_seconds{s}"
+    local_step = f"checkpoint_last_save_local_step{s}"
     rules += [
         {"record": FIRST_SEEN,
          "expr": f"min by ({cl}, training_job) (checkpoint_job_first_seen_timestamp_seconds{s})"},
         {"record": ACTIVE, "expr": _active(c)},
         {"record": PAGES, "expr": f"{ACTIVE}\nand {on} ({PAGING} == 1)"},
-        # Each node's write end of the job's newest save: at most a deadline before its start
-        # (storage and node clocks differ); an older one is of an earlier save.
+        # Each node's write end of the job's newest save: the nodes whose newest save is the
+        # job's highest step (a node the job left, or not done writing the next save yet,
+        # shows an older one); every node, for a job whose events name no step.
         {"record": CURRENT_WRITE_END,
-         "expr": f"{write_end}\n>= {on} group_left ()\n  ({LAST_SAVE_START} - {on} {DEADLINE})"},
+         "expr": f"{write_end}\nand on ({cl}, instance, training_job)\n"
+                 f"  ({local_step} == {on} group_left () max by ({cl}, training_job) ({local_step}))\n"
+                 f"or\n{write_end} unless {on} {local_step}"},
         {"record": WRITE_END_SPREAD,
          "expr": f"max by ({cl}, training_job) ({CURRENT_WRITE_END}) - min by ({cl}, training_job) ({CURRENT_WRITE_END})"},
         {"record": GENERATIONS_THAT_FIT, "expr": f"""floor(

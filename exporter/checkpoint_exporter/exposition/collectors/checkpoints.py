@@ -117,6 +117,13 @@ LAST_SAVE_WRITE_END = MetricSpec(
     "When the newest save's last rank on this node finished writing (cross-node stragglers).",
     _JOB,
 )
+LAST_SAVE_LOCAL_STEP = MetricSpec(
+    "checkpoint_last_save_local_step",
+    "gauge",
+    "The step of the save checkpoint_last_save_local_write_end_timestamp_seconds is of (when its "
+    "events name one): cross-node rules compare only the nodes of the job's newest save.",
+    _JOB,
+)
 LAST_SAVE_WRITE_SPREAD = MetricSpec(
     "checkpoint_last_save_local_write_spread_seconds",
     "gauge",
@@ -173,6 +180,7 @@ class CheckpointsCollector(SnapshotCollector):
         OLDEST_SAVE_IN_PROGRESS_START, LAST_SAVE_START,
         SAVES_COMMITTED, SAVES_ABORTED, DEADLINE_MISSES,
         SAVE_DURATION, SAVES_WITHIN_DEADLINE, LAST_SAVE_PHASE, LAST_SAVE_WRITE_END,
+        LAST_SAVE_LOCAL_STEP,
         LAST_SAVE_WRITE_SPREAD, LOCAL_SAVES_IN_PROGRESS, RETAINED_GENERATIONS,
         RETAINED_BYTES, RETAINED_VALID_GENERATIONS,
         VALIDATION_FAILURES, STORAGE_CLOCK_SKEW,
@@ -206,6 +214,8 @@ class CheckpointsCollector(SnapshotCollector):
             out[LAST_SAVE_PHASE].add_metric([job.name, phase], seconds)
         if job.last_write_end is not None:
             out[LAST_SAVE_WRITE_END].add_metric(name, job.last_write_end)
+            if job.last_write_step is not None:
+                out[LAST_SAVE_LOCAL_STEP].add_metric(name, job.last_write_step)
         if job.last_write_spread is not None:
             out[LAST_SAVE_WRITE_SPREAD].add_metric(name, job.last_write_spread)
         if job.saves_timed:  # an instrumented job's ranks ran here
