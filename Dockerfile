@@ -1,14 +1,16 @@
 # checkpoint-exporter: the package in a virtualenv of its own (/opt/checkpoint-exporter, as the
 # package install puts it), run as an unprivileged user, on a read-only root if you like.
-# docs/install-image.md: building, pinning the base, running it, the torch flavour.
-#   scripts/build-image                                  podman or docker; checkpoint-exporter:<version>
-#   docker build -t checkpoint-exporter .
-#   docker run --net=host -v /etc/checkpoint-exporter:/etc/checkpoint-exporter:ro \
-#     -v /mnt/ckpt:/mnt/ckpt:ro --read-only checkpoint-exporter
+# docs/install-image.md: building, pinning the base, running it, the health check, the torch
+# flavour.
+#   scripts/build-image              docker or podman; tags checkpoint-exporter:<version>
+#   docker run -d --net=host --read-only -v /etc/checkpoint-exporter:/etc/checkpoint-exporter:ro \
+#     -v /mnt/ckpt:/mnt/ckpt:ro -v /var/lib/checkpoint-exporter/spool:/var/lib/checkpoint-exporter/spool \
+#     checkpoint-exporter:<version>
 #
-# The base: any Debian-like image with python3 (3.10+) and its venv module. By tag here; a
-# release pins it by digest (--build-arg BASE=python:3.11-slim-bookworm@sha256:..., which
-# scripts/build-image --save insists on).
+# The base: any Debian-like image with python3 (3.10+), its venv module and useradd (and
+# libstdc++ for FLAVOR=full). By tag here; a release pins it by digest
+# (--build-arg BASE=python:3.11-slim-bookworm@sha256:..., which scripts/build-image --save
+# insists on).
 ARG BASE=python:3.11-slim-bookworm
 
 FROM ${BASE} AS build
@@ -20,7 +22,7 @@ ARG PIP_FIND_LINKS
 ARG PIP_NO_INDEX
 ARG PIP_TRUSTED_HOST
 # slim: the exporter alone. full: with torch (CPU) too, which `restore-drill --full` needs for
-# DCP checkpoints only (torch.save and safetensors files are read without it); about 0.8 GB more.
+# DCP checkpoints only (torch.save and safetensors files are read without it); about 0.9 GB more.
 ARG FLAVOR=slim
 ARG TORCH_REQUIREMENT=torch
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
@@ -55,7 +57,7 @@ LABEL org.opencontainers.image.title="checkpoint-exporter" \
 # A user of its own, without home or shell. Any other uid works too (--user 65534, a pod's
 # runAsUser): nothing in the image is written at run time.
 RUN groupadd --system --gid 10001 exporter \
-    && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
+    && useradd --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
        --shell /usr/sbin/nologin exporter
 COPY --from=build /opt/checkpoint-exporter /opt/checkpoint-exporter
 ENV PATH=/opt/checkpoint-exporter/bin:$PATH \
