@@ -59,20 +59,19 @@ def podman() -> Podman:
 @pytest.fixture(scope="module")
 def saved(podman: Podman, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
     """(the image's ID, its archive): the shipped Dockerfile built by scripts/build-image on the
-    Debian base, pinned by digest as a release pins its base, pip offline from the wheelhouse.
-    Without layers: on vfs storage every cached layer is a full copy of the root, and a build
-    that reuses them took longer than one that does not (docs/install-image.md)."""
-    archive = tmp_path_factory.mktemp("image")
+    Debian base, pinned by digest as a release pins its base, pip offline from the wheelhouse,
+    no network at all."""
+    archive = tmp_path_factory.mktemp("image") / f"checkpoint-exporter-image-{__version__}.tar"
     result = _build_image(
         "--base", (SETUP / "base.ref").read_text().strip(),
-        "--wheelhouse", str(SETUP / "wheelhouse"),
-        "--tag", "checkpoint-exporter:test", "--save", str(archive),
-        "--", "--layers=false", "--network=none",
+        "--wheelhouse", str(SETUP / "wheelhouse"), "--tag", "checkpoint-exporter:test",
+        str(archive),  # the archive's path alone, as scripts/release passes it
+        "--", "--network=none",
         engine=str(podman.command),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     built = result.stdout.strip()
-    yield built, archive / f"checkpoint-exporter-image-{__version__}.tar"
+    yield built, archive
     podman("rmi", "--force", built, check=False)
     podman("image", "prune", "--force", check=False)  # the build stage's image
 
@@ -85,7 +84,7 @@ def image(saved: tuple[str, Path]) -> str:
 def _build_image(*args: str, engine: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [str(REPO / "scripts" / "build-image"), *args], capture_output=True, text=True,
-        timeout=900, env={**os.environ, "ENGINE": engine, "PYTHON": sys.executable},
+        timeout=900, env={**os.environ, "IMAGE_ENGINE": engine, "PYTHON": sys.executable},
     )  # fmt: skip
 
 
