@@ -4,7 +4,6 @@ the config file's web: block) and what it ignores (the rest of the file)."""
 
 from __future__ import annotations
 
-import socket
 import ssl
 import urllib.error
 import urllib.request
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Exporter, run_cli, write_config
+from tests.helpers.alerting import free_port
 from tests.test_web_security import Pki, pki  # noqa: F401  (the certificates, a fixture)
 
 pytestmark = [pytest.mark.daemon]
@@ -31,9 +31,7 @@ def test_plain_http_from_the_flags(exporter) -> None:
 
 def test_every_interface_is_probed_on_loopback(exporter, tmp_path: Path) -> None:
     """serve's default listens on every interface (":25780"): the probe asks 127.0.0.1."""
-    with socket.socket() as free:
-        free.bind(("127.0.0.1", 0))
-        port = free.getsockname()[1]
+    port = free_port()
     running = exporter("--web.listen-address", f":{port}")
     result = run_cli("healthcheck", "--web.listen-address", f":{port}")
     assert result.returncode == 0, result.stderr
