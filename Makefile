@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 CODE := exporter tests bench
 
 .DEFAULT_GOAL := help
-.PHONY: help venv toolchain writers wheelhouse test test-fast lint generate bench fuzz demo release clean
+.PHONY: help venv toolchain writers wheelhouse image test test-fast lint generate bench fuzz demo release clean
 
 help:
 	@echo "make demo      a simulated cluster watched by the exporter; prints the URLs"
@@ -44,6 +44,11 @@ $(WHEELHOUSE)/.complete: pyproject.toml scripts/wheelhouse
 
 wheelhouse: $(WHEELHOUSE)/.complete
 
+# The image tests' base (a minimal Debian by mmdebstrap, imported into podman) and wheelhouse, in
+# build/image/: minutes once, a moment after (scripts/ensure-image).
+image: venv toolchain
+	@PYTHON=$(BIN)/python scripts/ensure-image
+
 # The prometheus-operator schemas the manifest tests validate against (npm, tests only).
 tests/k8s/node_modules: tests/k8s/package-lock.json
 	npm ci --prefix tests/k8s --no-audit --no-fund --loglevel=error
@@ -53,14 +58,14 @@ tests/k8s/node_modules: tests/k8s/package-lock.json
 # under a live exporter), three tests at a time since each spends most of its time waiting out
 # deadlines and settle periods.
 WRITERS_WORKERS ?= 3
-test: venv toolchain writers tests/k8s/node_modules wheelhouse
+test: venv toolchain writers tests/k8s/node_modules wheelhouse image
 	$(BIN)/python -m pytest -m "not writers" $(PYTEST_ARGS)
 	$(BIN)/python -m pytest -m writers -n $(WRITERS_WORKERS) $(PYTEST_ARGS)
 
 # The inner loop: every test that needs none of the slow things the markers name (root, a
 # network namespace, Prometheus, Chromium, kubectl, a running exporter, a real checkpoint
-# library; see pyproject.toml). make test is what CI runs.
-FAST_MARKERS := not (writers or root or netns or prometheus or chromium or kubectl or daemon)
+# library, the image; see pyproject.toml). make test is what CI runs.
+FAST_MARKERS := not (writers or root or netns or prometheus or chromium or kubectl or daemon or image)
 test-fast: venv
 	$(BIN)/python -m pytest -m "$(FAST_MARKERS)" $(PYTEST_ARGS)
 

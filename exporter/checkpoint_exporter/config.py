@@ -828,6 +828,26 @@ def load_config(path: str | os.PathLike[str], serving: Serving = Serving()) -> C
     return replace(config, source=file)
 
 
+def load_web_section(path: str | os.PathLike[str]) -> WebConfig:
+    """Only the file's ``web:`` block, checked as load_config checks it: what `healthcheck`
+    needs to find the server. The rest is not read: a job's mistake (which a running serve
+    outlives, keeping its configuration) or a watched directory on a hung mount is no reason
+    for a liveness probe to fail."""
+    file = Path(path)
+    document = read_yaml(read_config_text(file), str(file))
+    problems = Problems.of(str(file), document)
+    if document.problems and document.data is None:
+        raise ConfigError(problems.found)
+    data = {} if document.data is None else document.data
+    if not isinstance(data, dict):
+        raise ConfigError([ConfigProblem(str(file), "", "expected a mapping")])
+    other_files: list[ConfigProblem] = []
+    web = _web(problems, data.get("web"), _path_parser(file.resolve().parent), other_files)
+    if problems.found or other_files:
+        raise ConfigError(problems.found + other_files)
+    return web
+
+
 # --- the resolved view that check-config prints ----------------------------------------------
 
 
