@@ -504,6 +504,20 @@ def test_both_processes_are_scraped_once_under_the_rules_job(cluster: list[dict]
     }
 
 
+def test_every_exporter_scrape_names_its_node(shape: list[dict]) -> None:
+    """The node name the dashboards meet node_exporter and dcgm-exporter by, on the exporters'
+    series as the mixin's first exporter_node_labels: from the pod's node, on every monitor."""
+    podmonitor = yaml.safe_load((BASE / "podmonitor.yaml").read_text())
+    monitors = [d for d in shape if d["kind"] == "ServiceMonitor"] + [podmonitor]
+    assert len(monitors) == (3 if _has(shape, "StatefulSet") else 2)
+    node = {"sourceLabels": ["__meta_kubernetes_pod_node_name"],
+            "targetLabel": MixinConfig().exporter_node_labels[0]}  # fmt: skip
+    for monitor in monitors:
+        spec = monitor["spec"]
+        for endpoint in spec.get("endpoints", []) + spec.get("podMetricsEndpoints", []):
+            assert node in endpoint["relabelings"], monitor["metadata"]["name"]
+
+
 def test_the_cluster_shape_takes_the_split_rules(cluster: list[dict]) -> None:
     rules = sorted(d["metadata"]["name"] for d in cluster if d["kind"] == "PrometheusRule")
     assert rules == ["checkpoint-exporter-job", "checkpoint-exporter-node"]
