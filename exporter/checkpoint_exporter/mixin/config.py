@@ -83,8 +83,8 @@ ALERTS: dict[str, tuple[str, str, str]] = {
 }  # fmt: skip
 
 
-# The runbooks of the release the rules came from, where the project publishes its source: a
-# page any browser opens, the on-call's phone included. GitHub gives each `## AlertName`
+# The runbooks where the project publishes its source (the main branch): a page any browser
+# opens, the on-call's phone included. GitHub gives each `## AlertName`
 # heading the id `alertname`, which is what runbook() appends.
 RUNBOOK_URL = (
     "https://github.com/checkpoint-exporter/checkpoint-exporter/blob/main/docs/runbooks.md"
@@ -109,7 +109,7 @@ class MixinConfig:
     selector: str = 'job="checkpoint-exporter"'  # finds the exporters' series
     # Where the alerts' runbook links point (each adds #<alert in lower case). It must open in
     # a browser outside the cluster: a name only the cluster resolves (the exporters' own
-    # /runbooks through their Service) needs runbook_url_internal: true (check_runbook_url).
+    # /runbooks through their Service) needs runbook_url_internal: true (check_mixin).
     runbook_url: str = RUNBOOK_URL
     runbook_url_internal: bool = False
     cluster_label: str = "cluster"  # the label that tells clusters apart in dashboards
