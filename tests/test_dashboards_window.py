@@ -7,6 +7,12 @@ the dashboards read (the real ones are not installed here, and their series are 
 ours). A third host exports node and GPU series but runs no training job: its series must not
 appear. Prometheus scrapes them every 500 ms and evaluates the generated rules.
 
+Two more clusters are the same nodes on Kubernetes, as each Prometheus Operator flavour labels
+them: the exporters with the `node` their ServiceMonitor adds and their host-network address as
+instance, a shared scanner on the idle node; node_exporter as kube-prometheus scrapes it (its
+instance relabelled to the node name) and as kube-prometheus-stack does (the node's IP and port);
+dcgm-exporter as the GPU Operator runs it (a pod address, the node name as Hostname).
+
 Every dashboard query must parse; the window, symptom and interval panels must return series; and
 the save-window annotation, run as Grafana runs it (a range query at the panel's step, then
 Grafana's merging of samples into regions, ported below), must draw each committed save exactly
@@ -32,6 +38,7 @@ import yaml
 
 from checkpoint_exporter.mixin import dashboards
 from checkpoint_exporter.mixin.config import MixinConfig, load_mixin
+from checkpoint_exporter.mixin.generate import KUBERNETES
 from tests.conftest import REPO, require_tool, wait_for
 from tests.helpers.alerting import free_port, query, stop
 
@@ -41,6 +48,12 @@ RULES = REPO / "alerts" / "checkpoint-exporter.rules.yaml"
 JOB = "llama"
 JOB_NODES = ("gpu1", "gpu2")  # run the job: their exporters know it
 IDLE_NODE = "idle9"  # node_exporter and dcgm-exporter only
+STATIC = "w"  # the cluster of static targets: instance is host:port everywhere
+KUBE_PROMETHEUS, KUBE_PROMETHEUS_STACK = "kube-prometheus", "kube-prometheus-stack"
+STACKS = (KUBE_PROMETHEUS, KUBE_PROMETHEUS_STACK)
+NODE_IPS = {"gpu1": "10.0.0.1", "gpu2": "10.0.0.2", IDLE_NODE: "10.0.0.9"}
+# Container ends that repeat the node's bytes (and lo): the NIC panel leaves them out.
+VIRTUAL_DEVICES = ("lo", "veth3f2a91c", "cali9b1c0d2e", "docker0", "cni0", "flannel.1")
 
 
 @dataclass(frozen=True)
@@ -101,6 +114,8 @@ class Targets:
                 f"checkpoint_deadline_seconds{{{job}}} 60",
                 f"checkpoint_mtbf_seconds{{{job}}} 86400",
                 f"checkpoint_local_saves_in_progress{{{job}}} {len(running)}",
+                f"checkpoint_deadline_misses_total{{{job}}} 0",
+                f"checkpoint_saves_aborted_total{{{job}}} {1 if w > SAVES[-1].end else 0}",
                 f'checkpoint_save_duration_seconds_sum{{{job},phase="pause"}} {2.0 * pauses}',
                 f'checkpoint_save_duration_seconds_count{{{job},phase="pause"}} {pauses}',
                 f'checkpoint_save_duration_seconds_sum{{{job},phase="total"}} {30.0 * pauses}',
@@ -119,28 +134,57 @@ class Targets:
         lines.append(f"checkpoint_saves_in_progress{{{shared}}} {len(running)}")
         return "\n".join(lines) + "\n"
 
-    def node_exporter(self, now: float) -> str:
-        """A stand-in for node_exporter: counters growing at a steady rate."""
+    def node_exporter(self, now: float, stack: str = STATIC) -> str:
+        """A stand-in for node_exporter: counters growing at a steady rate, the instance as
+        ``stack`` labels it."""
         w = now - self.origin + 100
         lines = []
         for node in (*JOB_NODES, IDLE_NODE):
-            at = f'instance="{node}:9100"'
+            at = {
+                STATIC: f'instance="{node}:9100"',
+                # kube-prometheus' node-exporter ServiceMonitor: instance from the pod's node.
+                KUBE_PROMETHEUS: f'instance="{node}",pod="node-exporter-{node}"',
+                # kube-prometheus-stack's: the endpoint's address (host network: the node's IP).
+                KUBE_PROMETHEUS_STACK: f'instance="{NODE_IPS[node]}:9100",'
+                f'pod="kps-prometheus-node-exporter-{node}"',
+            }[stack]
             lines += [
                 f'node_network_transmit_bytes_total{{{at},device="eth0"}} {1e6 * w}',
-                f'node_network_transmit_bytes_total{{{at},device="lo"}} {1e3 * w}',
+                *(f'node_network_transmit_bytes_total{{{at},device="{device}"}} {3e6 * w}'
+                  for device in VIRTUAL_DEVICES),
                 f'node_infiniband_port_data_transmitted_bytes_total{{{at},device="mlx5_0",'
                 f'port="1"}} {5e6 * w}',
                 f'node_disk_written_bytes_total{{{at},device="nvme0n1"}} {2e6 * w}',
-            ]
+            ]  # fmt: skip
         return "\n".join(lines) + "\n"
 
-    def dcgm_exporter(self, now: float) -> str:
-        """A stand-in for dcgm-exporter: its pod's address as instance, the node as Hostname."""
+    def dcgm_exporter(self, now: float, stack: str = STATIC) -> str:
+        """A stand-in for dcgm-exporter: on a host its address as instance; as the GPU Operator
+        runs it, a pod address, and the node as Hostname everywhere."""
         return "".join(
             f'DCGM_FI_DEV_GPU_UTIL{{gpu="0",UUID="GPU-{i}",Hostname="{node}",'
-            f'instance="{node}:9400"}} {40 + i}\n'
+            f'instance="{node if stack == STATIC else f"10.244.{i}.5"}:9400"}} {40 + i}\n'
             for i, node in enumerate((*JOB_NODES, IDLE_NODE))
         )
+
+    def kubernetes_exporters(self, now: float) -> str:
+        """The exporters as a ServiceMonitor scrapes them on Kubernetes: the node-scope
+        DaemonSet (host network: the node's IP) with the `node` the relabeling adds, and a
+        shared scanner on the idle node that reads the job's tree for every node."""
+        lines = []
+        for node in JOB_NODES:
+            at = f'training_job="{JOB}",instance="{NODE_IPS[node]}:25780",node="{node}"'
+            lines += [
+                f"checkpoint_restores_total{{{at}}} 0",
+                f'checkpoint_exporter_shard_info{{instance="{NODE_IPS[node]}:25780",'
+                f'node="{node}",shard="0",shards="1",scope="node"}} 1',
+            ]
+        scanner = f'instance="10.244.7.3:25780",node="{IDLE_NODE}"'
+        lines += [
+            f'checkpoint_restores_total{{training_job="{JOB}",{scanner}}} 0',
+            f'checkpoint_exporter_shard_info{{{scanner},shard="0",shards="2",scope="shared"}} 1',
+        ]
+        return "\n".join(lines) + "\n"
 
 
 def serve(targets: Targets) -> ThreadingHTTPServer:
@@ -149,6 +193,10 @@ def serve(targets: Targets) -> ThreadingHTTPServer:
         "/node": targets.node_exporter,
         "/dcgm": targets.dcgm_exporter,
     }
+    for stack in STACKS:
+        pages[f"/exporter/{stack}"] = targets.kubernetes_exporters
+        pages[f"/node/{stack}"] = lambda now, stack=stack: targets.node_exporter(now, stack)
+        pages[f"/dcgm/{stack}"] = lambda now, stack=stack: targets.dcgm_exporter(now, stack)
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -181,12 +229,25 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     server = serve(targets)
     address = f"127.0.0.1:{server.server_address[1]}"
 
-    def job(name: str, path: str) -> dict:
+    def job(name: str, path: str, cluster: str = STATIC) -> dict:
         # honor_labels: each fake page names its own instances, as many targets would.
         return {
-            "job_name": name, "metrics_path": path, "honor_labels": True,
-            "static_configs": [{"targets": [address], "labels": {"cluster": "w"}}],
+            "job_name": name if cluster == STATIC else f"{name}@{cluster}", "metrics_path": path,
+            "honor_labels": True,
+            "static_configs": [{"targets": [address], "labels": {"cluster": cluster}}],
         }  # fmt: skip
+
+    def kubernetes(stack: str) -> list[dict]:
+        """The stack's three targets, each with the job name it gives that exporter."""
+        scrapes = [
+            job("checkpoint-exporter", f"/exporter/{stack}", stack),
+            job("node-exporter", f"/node/{stack}", stack),
+            job("nvidia-dcgm-exporter", f"/dcgm/{stack}", stack),
+        ]
+        for scrape in scrapes:
+            name = scrape["job_name"].partition("@")[0]
+            scrape["static_configs"][0]["labels"]["job"] = name
+        return scrapes
 
     port = free_port()
     (tmp / "prometheus.yaml").write_text(yaml.safe_dump({
@@ -196,6 +257,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             job("checkpoint-exporter", "/exporter"),
             job("node", "/node"),
             job("dcgm-exporter", "/dcgm"),
+            *(scrape for stack in STACKS for scrape in kubernetes(stack)),
         ],
     }))  # fmt: skip
     process = subprocess.Popen(
@@ -208,7 +270,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
         def scraping() -> bool:
             try:
-                return len(query(url, "up == 1")) == 3
+                return len(query(url, "up == 1")) == 3 + 3 * len(STACKS)
             except OSError:
                 return False
 
@@ -222,10 +284,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         server.server_close()
 
 
-def resolve(expr: str, step_ms: int = 1000, rate_interval: str = "1m") -> str:
-    """The dashboard variables as Grafana's backend fills them in: every cluster and job."""
+def resolve(
+    expr: str, step_ms: int = 1000, rate_interval: str = "1m", cluster: str = STATIC
+) -> str:
+    """The dashboard variables as Grafana's backend fills them in: one cluster, every job."""
     return (
-        expr.replace("$cluster", ".*").replace("$training_job", ".*")
+        expr.replace("$cluster", cluster).replace("$training_job", ".*")
         .replace("$__rate_interval", rate_interval).replace("$__range", "5m")
         .replace("$__interval_ms", str(step_ms))
     )  # fmt: skip
@@ -314,8 +378,8 @@ def test_every_dashboard_query_parses_and_the_new_panels_have_data(stack: Stack)
     assert not missing, "panels without data:\n" + "\n".join(missing)
 
 
-def nodes_of(url: str, expr: str) -> set[str]:
-    return {one["metric"]["node"] for one in query(url, resolve(expr))}
+def nodes_of(url: str, expr: str, cluster: str = STATIC) -> set[str]:
+    return {one["metric"]["node"] for one in query(url, resolve(expr, cluster=cluster))}
 
 
 def node_panels(config: MixinConfig) -> dict[str, str]:
@@ -333,9 +397,48 @@ def test_node_series_are_the_job_nodes_own(stack: Stack) -> None:
         assert nodes_of(stack.url, expr) == set(JOB_NODES), title
     nic_expr = panels["Network sent per node (node_exporter)"]
     nic = query(stack.url, resolve(nic_expr, rate_interval="10s"))
-    assert {one["metric"]["device"] for one in nic} == {"eth0"}  # not the loopback
+    assert {one["metric"]["device"] for one in nic} == {"eth0"}  # not lo, veth*, cali*, docker*
     for one in nic:
         assert float(one["value"][1]) == pytest.approx(1e6, rel=0.05)  # the counter's own rate
+
+
+def shipped_node_panels() -> dict[str, str]:
+    """The node panels of the job dashboard as deploy/kubernetes ships it (the ConfigMap)."""
+    configmap = yaml.safe_load((REPO / "deploy/kubernetes/base/dashboards.yaml").read_text())
+    board = json.loads(configmap["data"]["checkpoint-job.json"])
+    return {
+        panel["title"]: panel["targets"][0]["expr"]
+        for panel in board["panels"]
+        if "(node_exporter)" in panel["title"] or "(dcgm-exporter)" in panel["title"]
+    }
+
+
+@pytest.mark.parametrize("flavour", STACKS)
+def test_the_shipped_dashboards_meet_node_exporter_and_dcgm_on_both_operator_stacks(
+    stack: Stack, flavour: str
+) -> None:
+    """Without a setting: kube-prometheus names node_exporter's instance after the node, which
+    the exporters carry as `node`; kube-prometheus-stack keeps the node's IP and port, as the
+    exporters' own instance on the host network; dcgm-exporter's Hostname is the node name.
+    The shared scanner, on the idle node, is none of the job's nodes."""
+    panels = shipped_node_panels()
+    assert panels == node_panels(KUBERNETES)  # the ConfigMap is the generator's
+    names = set(JOB_NODES)
+    keys = names if flavour == KUBE_PROMETHEUS else {NODE_IPS[node] for node in JOB_NODES}
+    for title, expr in panels.items():
+        expected = names if "(dcgm-exporter)" in title else keys
+        assert nodes_of(stack.url, expr, flavour) == expected, title
+    nic = query(stack.url, resolve(panels["Network sent per node (node_exporter)"],
+                                   cluster=flavour))  # fmt: skip
+    assert {one["metric"]["device"] for one in nic} == {"eth0"}
+
+
+def test_one_label_for_both_sides_misses_kube_prometheus(stack: Stack) -> None:
+    """The single node_label of before: the exporters' instance (an IP) never meets
+    kube-prometheus' node-exporter (the node name), so the window's node rows were empty."""
+    nic = node_panels(MixinConfig(node_label="instance"))["Network sent per node (node_exporter)"]
+    assert query(stack.url, resolve(nic, cluster=KUBE_PROMETHEUS)) == []
+    assert nodes_of(stack.url, nic, KUBE_PROMETHEUS_STACK) == {NODE_IPS[n] for n in JOB_NODES}
 
 
 def test_the_saves_in_progress_are_the_training_nodes_own(stack: Stack) -> None:
@@ -361,6 +464,18 @@ def test_the_node_matching_is_configurable(stack: Stack, tmp_path: Path) -> None
     path.write_text('node_exporter_selector: job="elsewhere"\n')
     nic = node_panels(load_mixin(str(path)))["Network sent per node (node_exporter)"]
     assert query(stack.url, resolve(nic)) == []
+    # Each side's labels and regex: kube-prometheus' node names meet only the exporters' node.
+    path.write_text(
+        "exporter_node_labels: [node]\nnode_exporter_node_label: instance\n"
+        'node_exporter_node_regex: "(.+)"\nnetwork_device_exclude: "lo"\n'
+    )
+    nic = node_panels(load_mixin(str(path)))["Network sent per node (node_exporter)"]
+    assert nodes_of(stack.url, nic, KUBE_PROMETHEUS) == set(JOB_NODES)
+    assert nodes_of(stack.url, nic, KUBE_PROMETHEUS_STACK) == set()  # no node names there
+    devices = {
+        one["metric"]["device"] for one in query(stack.url, resolve(nic, cluster=KUBE_PROMETHEUS))
+    }
+    assert devices == {"eth0", *VIRTUAL_DEVICES} - {"lo"}
 
 
 def test_the_generated_dashboards_carry_the_window() -> None:
@@ -386,6 +501,37 @@ def test_the_generated_dashboards_carry_the_window() -> None:
             for y in range(g["y"], g["y"] + g["h"]):
                 assert (x, y) not in cells, panel["title"]
                 cells.add((x, y))
+
+
+def test_the_overview_lists_every_job_and_links_each_to_its_dashboard(stack: Stack) -> None:
+    """The overview (a fleet view) shows every job by default, one row each in its table, whose
+    job names open the job dashboard; a detail dashboard asks for one job."""
+    boards = {
+        uid: json.loads((REPO / "dashboards" / f"{uid}.json").read_text())
+        for uid in dashboards.DASHBOARDS
+    }
+    for uid, board in boards.items():
+        (variable,) = [v for v in board["templating"]["list"] if v["name"] == "training_job"]
+        every = uid == dashboards.OVERVIEW
+        assert (variable["multi"], variable["includeAll"]) == (every, every), uid
+    (table,) = [p for p in boards[dashboards.OVERVIEW]["panels"] if p["type"] == "table"]
+    (override,) = table["fieldConfig"]["overrides"]
+    assert override["matcher"] == {"id": "byName", "options": "training_job"}
+    (link,) = override["properties"][0]["value"]
+    target = urllib.parse.urlsplit(link["url"])
+    assert target.path == f"/d/{dashboards.JOB_DASHBOARD}" and dashboards.JOB_DASHBOARD in boards
+    assert "var-training_job=${__value.raw}" in target.query
+    assert "var-cluster=${__data.fields.cluster}" in target.query
+    # Grafana's merge: one row per job, a column per query, each with the job's value.
+    rows: dict[tuple[str, str], dict[str, str]] = {}
+    for t in table["targets"]:
+        assert t["instant"] and t["format"] == "table"
+        for one in query(stack.url, resolve(t["expr"])):
+            key = (one["metric"]["cluster"], one["metric"]["training_job"])
+            rows.setdefault(key, {})[t["legendFormat"]] = one["value"][1]
+    assert list(rows) == [(STATIC, JOB)]
+    assert set(rows[STATIC, JOB]) == {t["legendFormat"] for t in table["targets"]}
+    assert float(rows[STATIC, JOB]["Interval + deadline"]) == 660
 
 
 def test_queries_leave_out_what_a_plain_exporter_cannot_answer() -> None:

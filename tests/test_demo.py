@@ -20,9 +20,11 @@ import pytest
 
 from checkpoint_exporter.demo.cluster import JOBS, PAGES_OF, SYMPTOMS_OF
 from checkpoint_exporter.demo.cluster import dcp_metadata as demo_metadata
+from checkpoint_exporter.mixin import dashboards
 from checkpoint_exporter.model import SYMPTOMS
 from checkpoint_exporter.sources import dcp_metadata
 from tests.conftest import CLI, REPO, require_tool, sample, wait_for
+from tests.helpers.alerting import query
 
 pytestmark = [pytest.mark.chromium, pytest.mark.prometheus, pytest.mark.torch, pytest.mark.daemon]
 
@@ -30,12 +32,13 @@ ARTIFACTS = REPO / "test-artifacts"
 
 
 def free_port_block() -> int:
-    """A port p with p, p+10 and p+11 free (the demo's exporter, Prometheus, Alertmanager)."""
+    """A port p with p, p+10, p+11 and p+12 free (the demo's exporter, Prometheus, Alertmanager,
+    node_exporter)."""
     for _ in range(50):
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             port = probe.getsockname()[1]
-        if port + 11 < 65535 and all(_free(port + offset) for offset in (10, 11)):
+        if port + 12 < 65535 and all(_free(port + offset) for offset in (10, 11, 12)):
             return port
     raise AssertionError("no free port block")
 
@@ -173,6 +176,13 @@ def test_the_demo(tmp_path: Path) -> None:
         assert pages <= explained, pages - explained
         tickets = {a["labels"]["alertname"] for a in received}
         assert "CheckpointSpoolUnwritable" not in tickets  # the demo's spool is 1733
+
+        # The checkpoint-window row: this machine's node_exporter, met by host, has data.
+        variables = {"$cluster": ".*", "$training_job": ".*", "$__rate_interval": "1m"}
+        panels = [re.sub(r"\$\w+", lambda m: variables.get(m[0], m[0]), expr)
+                  for _, title, expr in dashboards.queries(provided=dashboards.REQUIREMENTS)
+                  if "(node_exporter)" in title]  # fmt: skip
+        assert any(query(f"http://127.0.0.1:{port + 10}", expr) for expr in panels), panels
     finally:
         demo.send_signal(signal.SIGINT)  # what Ctrl-C sends
         output, _ = demo.communicate(timeout=60)
@@ -185,7 +195,7 @@ def test_the_demo(tmp_path: Path) -> None:
     ]  # fmt: skip
     assert leftovers == []
     listening = {c.laddr.port for c in psutil.net_connections("tcp") if c.status == "LISTEN"}
-    assert not listening & {port, port + 10, port + 11}
+    assert not listening & {port, port + 10, port + 11, port + 12}
 
 
 def test_demo_metadata_without_torch_is_what_torch_reads(tmp_path: Path) -> None:

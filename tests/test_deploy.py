@@ -1,21 +1,30 @@
 """Deployment artifacts: systemd units that systemd itself accepts, Kubernetes manifests that
-kustomize renders and real validators accept. The image is built and run by test_image.py."""
+kustomize renders and real validators accept, whose spool training pods can write and whose
+labels both Prometheus Operator flavours select. The image is built and run by test_image.py."""
 
 from __future__ import annotations
 
+import copy
+import json
 import os
 import re
 import shlex
+import shutil
+import stat
 import subprocess
 import sys
+import tempfile
+import urllib.parse
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 
 from checkpoint_exporter.cli import build_parser
-from checkpoint_exporter.config import NODE, SHARED, Serving, parse_serving
-from checkpoint_exporter.mixin.config import MixinConfig
+from checkpoint_exporter.config import NODE, SHARED, ConfigError, Serving, parse_serving
+from checkpoint_exporter.mixin import generate
+from checkpoint_exporter.mixin.config import SPLIT, MixinConfig, load_mixin
 from tests.conftest import REPO, require_tool
 
 pytestmark = [pytest.mark.kubectl]
@@ -25,6 +34,7 @@ KUBERNETES = REPO / "deploy" / "kubernetes"
 BASE = KUBERNETES / "base"
 # Where the units run the command: the package's own virtualenv (docs/install-package.md).
 INSTALLED = "/opt/checkpoint-exporter/bin/checkpoint-exporter"
+GUIDE = REPO / "docs" / "kubernetes.md"
 # The instance each template is verified as: a job for the drill, shard 0 of 2 for the scanner.
 INSTANCES = {"checkpoint-exporter-restore-drill@": "llama70b", "checkpoint-exporter-shared@": "0-2"}
 
@@ -126,14 +136,14 @@ def _render(shape: Path) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def rendered() -> list[dict]:
-    """The node shape: deploy/kubernetes."""
-    return _render(KUBERNETES)
+    """The node shape: deploy/kubernetes/node."""
+    return _render(KUBERNETES / "node")
 
 
 @pytest.fixture(scope="module")
 def cluster() -> list[dict]:
-    """The cluster shape: deploy/kubernetes/cluster."""
-    return _render(KUBERNETES / "cluster")
+    """The cluster shape: deploy/kubernetes, the default."""
+    return _render(KUBERNETES)
 
 
 @pytest.fixture(scope="module", params=["node", "cluster"])
@@ -145,7 +155,7 @@ def test_kustomize_renders_every_object(rendered: list[dict]) -> None:
     kinds = sorted(doc["kind"] for doc in rendered)
     assert kinds == sorted([
         "ServiceAccount", "ConfigMap", "ConfigMap", "Service", "CronJob", "DaemonSet",
-        "PrometheusRule", "ServiceMonitor",
+        "PrometheusRule", "ServiceMonitor", "NetworkPolicy",
     ])  # fmt: skip
     daemonset = next(doc for doc in rendered if doc["kind"] == "DaemonSet")
     pod = daemonset["spec"]["template"]["spec"]
@@ -187,18 +197,30 @@ def test_probes_wait_for_the_port_and_never_for_the_first_pass(rendered: list[di
     assert {"name": "metrics", "containerPort": 25780, "protocol": "TCP"} in container["ports"]
 
 
-def test_the_default_runbook_url_is_the_service(rendered: list[dict]) -> None:
-    """Alerts link to /runbooks on the exporters, through the Service these manifests create."""
-    service = next(doc for doc in rendered if doc["kind"] == "Service")
-    port = next(p["port"] for p in service["spec"]["ports"] if p["name"] == "metrics")
-    name, namespace = service["metadata"]["name"], service["metadata"]["namespace"]
-    assert MixinConfig().runbook_url == f"http://{name}.{namespace}.svc:{port}/runbooks"
-    # Its name resolves to exporters still on their first pass too: they serve /runbooks.
-    assert service["spec"]["publishNotReadyAddresses"] is True
+def test_the_in_cluster_runbook_recipe_names_a_service_the_manifests_create(
+    cluster: list[dict], tmp_path: Path
+) -> None:
+    """docs/kubernetes.md's runbook_url for readers inside the cluster: the shared scanners'
+    Service (a few addresses, each serving /runbooks from the start), accepted only with the
+    opt-in; the default links open anywhere."""
+    recipe = yaml.safe_load(_guide_block("# mixin.yaml: runbooks inside the cluster"))
+    url = urllib.parse.urlsplit(recipe["runbook_url"])
+    name, namespace, svc = url.hostname.split(".")
+    service = _one(cluster, "Service", name)
+    assert (svc, namespace) == ("svc", service["metadata"]["namespace"])
+    assert url.port in {port["port"] for port in service["spec"]["ports"]}
+    assert url.path == "/runbooks" and service["spec"]["publishNotReadyAddresses"] is True
+    mixin = tmp_path / "mixin.yaml"
+    mixin.write_text(yaml.safe_dump(recipe))
+    assert load_mixin(str(mixin)).runbook("CheckpointTooOld").endswith("/runbooks#checkpointtooold")
+    mixin.write_text(yaml.safe_dump({"runbook_url": recipe["runbook_url"]}))
+    with pytest.raises(ConfigError, match=r"runbook_url: .* runbook_url_internal: true"):
+        load_mixin(str(mixin))
+    assert MixinConfig().runbook_url.startswith("https://github.com/")
 
 
 def test_core_objects_pass_the_kubernetes_schemas(shape: list[dict], tmp_path: Path) -> None:
-    core = [doc for doc in shape if not doc["apiVersion"].startswith("monitoring.coreos.com")]
+    core = [copy.deepcopy(d) for d in shape if not d["apiVersion"].startswith("monitoring.coreos")]
     manifest = tmp_path / "core.yaml"
     manifest.write_text(yaml.safe_dump_all(core))
     validator = str(Path(sys.executable).parent / "kubernetes-validate")
@@ -220,7 +242,7 @@ def test_operator_objects_pass_the_operator_schemas(rendered: list[dict]) -> Non
         pytest.fail(
             "tests/k8s/node_modules is missing: run `make test` (npm ci --prefix tests/k8s)"
         )
-    custom = [d for d in rendered if d["apiVersion"].startswith("monitoring.coreos.com")]
+    custom = [copy.deepcopy(d) for d in rendered if d["apiVersion"].startswith("monitoring.coreos")]
     custom.append(yaml.safe_load((BASE / "podmonitor.yaml").read_text()))
     result = subprocess.run([node, str(script)], input=yaml.safe_dump_all(custom), text=True,
                             capture_output=True, timeout=120)  # fmt: skip
@@ -243,7 +265,7 @@ def test_the_split_rules_component_replaces_the_single_prometheusrule(tmp_path: 
     overlay.mkdir()
     base = Path(os.path.relpath(KUBERNETES, overlay))  # kustomize refuses absolute paths
     (overlay / "kustomization.yaml").write_text(yaml.safe_dump({
-        "namespace": "monitoring", "resources": [str(base)],
+        "namespace": "monitoring", "resources": [str(base / "node")],
         "components": [str(base / "components" / "split-rules")],
     }))  # fmt: skip
     result = subprocess.run(
@@ -258,9 +280,12 @@ def test_the_split_rules_component_replaces_the_single_prometheusrule(tmp_path: 
     }
     assert sorted(rules) == ["checkpoint-exporter-job", "checkpoint-exporter-node"]
     node, job = rules["checkpoint-exporter-node"], rules["checkpoint-exporter-job"]
-    assert node["metadata"]["labels"]["prometheus"] == "k8s"  # every shard's ruleSelector
-    assert "prometheus" not in job["metadata"]["labels"]  # a shard must not evaluate these
-    assert job["metadata"]["labels"]["checkpoint-exporter/rules"] == "job"
+    # The one Prometheus of a default install loads both (the same as the single file); a
+    # ThanosRuler selects the per-job ones by their scope.
+    for scope, rule in (("node", node), ("job", job)):
+        labels = rule["metadata"]["labels"]
+        assert labels.items() >= MixinConfig().rule_labels.items(), scope
+        assert labels["checkpoint-exporter/rules"] == scope
     assert node["metadata"]["namespace"] == job["metadata"]["namespace"] == "monitoring"
     single = yaml.safe_load((BASE / "prometheusrule.yaml").read_text())
     assert node["spec"]["groups"] + job["spec"]["groups"] == single["spec"]["groups"]
@@ -459,6 +484,12 @@ def test_the_readme_overlay_changes_the_number_of_shards(tmp_path: Path) -> None
     assert _shards(_render(overlay), tmp_path) == 4
 
 
+def test_the_guides_overlay_changes_the_number_of_shards(tmp_path: Path) -> None:
+    """docs/kubernetes.md's overlay, on the default shape: four shards, two pods each."""
+    block = _guide_block("# kustomization.yaml of your overlay")
+    assert _shards(_render(_overlay(tmp_path, {"kustomization.yaml": block})), tmp_path) == 4
+
+
 def test_both_processes_are_scraped_once_under_the_rules_job(cluster: list[dict]) -> None:
     """Each workload's pods behind exactly one Service and each Service scraped by exactly one
     ServiceMonitor, whose job label is the one the rules select: the per-job rules' max by
@@ -479,6 +510,20 @@ def test_both_processes_are_scraped_once_under_the_rules_job(cluster: list[dict]
     }
 
 
+def test_every_exporter_scrape_names_its_node(shape: list[dict]) -> None:
+    """The node name the dashboards meet node_exporter and dcgm-exporter by, on the exporters'
+    series as the mixin's first exporter_node_labels: from the pod's node, on every monitor."""
+    podmonitor = yaml.safe_load((BASE / "podmonitor.yaml").read_text())
+    monitors = [d for d in shape if d["kind"] == "ServiceMonitor"] + [podmonitor]
+    assert len(monitors) == (3 if _has(shape, "StatefulSet") else 2)
+    node = {"sourceLabels": ["__meta_kubernetes_pod_node_name"],
+            "targetLabel": MixinConfig().exporter_node_labels[0]}  # fmt: skip
+    for monitor in monitors:
+        spec = monitor["spec"]
+        for endpoint in spec.get("endpoints", []) + spec.get("podMetricsEndpoints", []):
+            assert node in endpoint["relabelings"], monitor["metadata"]["name"]
+
+
 def test_the_cluster_shape_takes_the_split_rules(cluster: list[dict]) -> None:
     rules = sorted(d["metadata"]["name"] for d in cluster if d["kind"] == "PrometheusRule")
     assert rules == ["checkpoint-exporter-job", "checkpoint-exporter-node"]
@@ -492,3 +537,453 @@ def test_cluster_operator_objects_pass_the_operator_schemas(cluster: list[dict])
                             text=True, capture_output=True, timeout=120)  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.count("VALID") == len(custom) == 4
+
+
+# --- the default shape, paths, the spool -------------------------------------------------------
+
+
+def _guide_block(first_line: str) -> str:
+    """The fenced block of docs/kubernetes.md that starts with ``first_line``."""
+    found = re.findall(rf"```(?:yaml)?\n({re.escape(first_line)}\n.*?)```", GUIDE.read_text(), re.S)
+    assert len(found) == 1, f"docs/kubernetes.md: no single block starting {first_line!r}"
+    return found[0]
+
+
+def _overlay(tmp_path: Path, files: dict[str, str]) -> Path:
+    """An overlay directory with ``files``, their `<path to>/deploy/...` made relative to it."""
+    overlay = Path(tempfile.mkdtemp(dir=tmp_path))
+    repo = os.path.relpath(REPO, overlay)
+    for name, text in files.items():
+        (overlay / name).write_text(text.replace("<path to>", repo))
+    return overlay
+
+
+def test_the_default_is_the_cluster_shape(cluster: list[dict], rendered: list[dict]) -> None:
+    """`kubectl apply -k deploy/kubernetes` is the shape that scales; its former path renders
+    the same, and the node shape is its own overlay."""
+    assert _render(KUBERNETES / "cluster") == cluster
+    assert _serving(_one(cluster, "DaemonSet")["spec"]["template"]["spec"]["containers"][0][
+        "args"]) == Serving(frozenset({NODE}))  # fmt: skip
+    assert _one(cluster, "StatefulSet") and not [d for d in rendered if d["kind"] == "StatefulSet"]
+
+
+def _pod_specs(docs: list[dict]) -> Iterator[tuple[str, dict]]:
+    for workload, template in _workloads(docs):
+        yield workload["metadata"]["name"], template["spec"]
+
+
+def _host_mounts(pod: dict) -> Iterator[tuple[str, str, str]]:
+    """(container, mountPath, hostPath.path) of every hostPath mount of every container."""
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    for container in (*pod.get("initContainers", []), *pod["containers"]):
+        for mount in container.get("volumeMounts", []):
+            volume = volumes[mount["name"]]
+            if "hostPath" in volume:
+                yield container["name"], mount["mountPath"], volume["hostPath"]["path"]
+
+
+# The host's /proc and /sys: read through --path.procfs / --path.sysfs, never named in a metric.
+TELEMETRY_MOUNTS = {("/host/proc", "/proc"), ("/host/sys", "/sys")}
+
+
+def _config_paths(docs: list[dict]) -> list[str]:
+    config = _config(docs)
+    return [root["root"] for root in config.get("discover", [])] + [
+        job[key] for job in config.get("jobs", []) for key in ("path", "staging") if key in job
+    ]
+
+
+def _readers(docs: list[dict]) -> list[tuple[str, dict]]:
+    """The pods that read the shared checkpoint roots: the scanners where there are (else the
+    DaemonSet) and the restore drills."""
+    kinds = {"StatefulSet", "CronJob"} if _has(docs, "StatefulSet") else {"DaemonSet", "CronJob"}
+    return [(d["metadata"]["name"], t["spec"]) for d, t in _workloads(docs) if d["kind"] in kinds]
+
+
+def _has(docs: list[dict], kind: str) -> bool:
+    return any(d["kind"] == kind for d in docs)
+
+
+def _assert_paths_are_the_hosts(docs: list[dict]) -> None:
+    """Every hostPath is mounted at its own path (the telemetry mounts aside), and every root
+    the config names is inside such a mount in every pod that reads the roots."""
+    for name, pod in _pod_specs(docs):
+        for container, mount, host in _host_mounts(pod):
+            if (mount, host) not in TELEMETRY_MOUNTS:
+                assert mount == host, f"{name}/{container}: {host} mounted at {mount}"
+    for name, pod in _readers(docs):
+        mounted = [mount for _, mount, _ in _host_mounts(pod)]
+        for path in _config_paths(docs):
+            assert any(path == m or path.startswith(m.rstrip("/") + "/") for m in mounted), (
+                f"{name} does not mount {path}"
+            )
+
+
+def test_every_path_inside_is_the_nodes_own(shape: list[dict]) -> None:
+    """checkpoint_job_info{path}, logs and runbook commands name paths that exist on the node."""
+    _assert_paths_are_the_hosts(shape)
+    spool = _config(shape)["spool"]
+    daemonset = _one(shape, "DaemonSet")["spec"]["template"]["spec"]
+    assert ("exporter", spool, spool) in set(_host_mounts(daemonset))
+
+
+def test_a_second_filesystem_is_one_patch_file(tmp_path: Path, cluster: list[dict]) -> None:
+    """docs/kubernetes.md's recipe: a config line and one patch mount it, at its own path, in
+    every pod that reads the roots."""
+    names = ("kustomization.yaml", "config.yaml", "second-filesystem.yaml")
+    files = {
+        name: _guide_block(f"# {name}" + (": a second filesystem" if name != names[2] else ""))
+        for name in names
+    }
+    docs = _render(_overlay(tmp_path, files))
+    assert "/lustre/ckpt" in _config_paths(docs) and "/lustre/ckpt" not in _config_paths(cluster)
+    _assert_paths_are_the_hosts(docs)
+    with pytest.raises(AssertionError, match="does not mount /lustre/ckpt"):
+        files["second-filesystem.yaml"] = files["second-filesystem.yaml"].split("---")[0]
+        _assert_paths_are_the_hosts(_render(_overlay(tmp_path, files)))  # the drill's half
+
+
+def _spool_init(pod: dict, spool: str) -> dict:
+    (init,) = [
+        c for c in pod.get("initContainers", [])
+        if any(m["mountPath"] == spool for m in c.get("volumeMounts", []))
+    ]  # fmt: skip
+    return init
+
+
+def _run_as(
+    uid: int, gid: int, argv: list[str], env: dict[str, str]
+) -> subprocess.CompletedProcess:
+    command = [require_tool("setpriv"), f"--reuid={uid}", f"--regid={gid}", "--clear-groups"]
+    return subprocess.run([*command, *argv], capture_output=True, text=True, timeout=60,
+                          env={"PATH": "/usr/bin:/bin", "HOME": "/tmp", **env})  # fmt: skip
+
+
+def _run_init(init: dict, spool: Path, spool_path: str) -> subprocess.CompletedProcess:
+    """The init container's command as the kubelet starts it: its user, and only the
+    capabilities its securityContext adds (root without them is an ordinary user to the
+    kernel's permission checks), with the host directory for the mount."""
+    security = init["securityContext"]
+    assert security["capabilities"]["drop"] == ["ALL"] and not security["allowPrivilegeEscalation"]
+    caps = ",".join(f"+{c.lower()}" for c in security["capabilities"].get("add", []))
+    argv = [arg.replace(spool_path, str(spool)) for arg in init["command"] + init.get("args", [])]
+    setpriv = [require_tool("setpriv"), f"--reuid={security['runAsUser']}",
+               f"--bounding-set=-all{',' + caps if caps else ''}", "--clear-groups"]  # fmt: skip
+    return subprocess.run([*setpriv, *argv], capture_output=True, text=True, timeout=60)
+
+
+TRAINING_CLOCKS = """
+import warnings
+from checkpoint_exporter import instrument
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    with instrument.saving(training_job="llama70b", step=7, path="/mnt/ckpt/llama70b/step-7"):
+        pass
+print("\\n".join(str(w.message) for w in caught))
+"""
+EXPORTER_READS = """
+import json, sys
+from pathlib import Path
+from checkpoint_exporter.sources.spool import SpoolReader
+events = SpoolReader(Path(sys.argv[1])).poll()
+print(json.dumps([[e.event, e.training_job, e.step] for e in events]))
+"""
+
+
+@pytest.fixture
+def host_spool() -> Iterator[Path]:
+    """A spool directory as the kubelet makes a missing hostPath (root's, 0755), in a directory
+    every user may enter."""
+    parent = Path(tempfile.mkdtemp(prefix="ckpt-exporter-node-"))
+    try:
+        parent.chmod(0o755)
+        spool = parent / "spool"
+        spool.mkdir(mode=0o755)
+        yield spool
+    finally:
+        shutil.rmtree(parent)
+
+
+def _training_pod() -> dict:
+    return yaml.safe_load(
+        _guide_block(
+            "# A training Job that reports its save clocks to the node's checkpoint-exporter"
+        )
+    )
+
+
+def _clocks_written(pod_security: dict, spool: Path) -> str:
+    """What a training pod's instrument warns (nothing: its events reached the spool)."""
+    env = {"PYTHONPATH": str(REPO / "exporter"), "CHECKPOINT_EXPORTER_SPOOL": str(spool)}
+    uid, gid = pod_security["runAsUser"], pod_security["runAsGroup"]
+    result = _run_as(uid, gid, [sys.executable, "-c", TRAINING_CLOCKS], env)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip()
+
+
+@pytest.mark.root
+def test_each_shape_gives_training_pods_a_spool_they_can_write(
+    shape: list[dict], host_spool: Path
+) -> None:
+    """The DaemonSet's init container, run as its securityContext allows (twice: every pod start
+    runs it), makes the spool the training pod of docs/kubernetes.md can make its job's
+    directory in and write its clocks to, and the exporter (its runAsUser) reads them."""
+    pod = _one(shape, "DaemonSet")["spec"]["template"]["spec"]
+    spool_path = _config(shape)["spool"]
+    training = _training_pod()["spec"]["template"]["spec"]["securityContext"]
+    assert "spool unavailable" in _clocks_written(training, host_spool)  # as the kubelet made it
+    init = _spool_init(pod, spool_path)
+    for _ in range(2):
+        result = _run_init(init, host_spool, spool_path)
+        assert result.returncode == 0, result.stderr
+    mode = host_spool.stat()
+    exporter = pod["securityContext"]
+    assert stat.S_IMODE(mode.st_mode) == 0o1733
+    assert (mode.st_uid, mode.st_gid) == (exporter["runAsUser"], exporter["runAsGroup"])
+    assert _clocks_written(training, host_spool) == ""
+    env = {"PYTHONPATH": str(REPO / "exporter")}
+    read = _run_as(exporter["runAsUser"], exporter["runAsGroup"],
+                   [sys.executable, "-c", EXPORTER_READS, str(host_spool)], env)  # fmt: skip
+    assert read.returncode == 0, read.stderr
+    assert ["committed", "llama70b", 7] in json.loads(read.stdout)
+    # Another user cannot list the spool, so cannot learn the other jobs' names.
+    other = _run_as(2000, 2000, ["/bin/ls", str(host_spool)], {})
+    assert other.returncode != 0 and "Permission denied" in other.stderr
+
+
+@pytest.mark.root
+def test_the_node_bootstrap_line_makes_the_same_spool(shape: list[dict], tmp_path: Path) -> None:
+    """docs/kubernetes.md's tmpfiles.d line, for clusters where no pod runs as root."""
+    block = _guide_block("# /etc/tmpfiles.d/checkpoint-exporter.conf")
+    conf = tmp_path / "checkpoint-exporter.conf"
+    conf.write_text(block)
+    root = tmp_path / "node"
+    result = subprocess.run([require_tool("systemd-tmpfiles"), "--create", f"--root={root}",
+                             str(conf)], capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    spool = _config(shape)["spool"]
+    made = (root / spool.lstrip("/")).stat()
+    exporter = _one(shape, "DaemonSet")["spec"]["template"]["spec"]["securityContext"]
+    assert stat.S_IMODE(made.st_mode) == 0o1733
+    assert (made.st_uid, made.st_gid) == (exporter["runAsUser"], exporter["runAsGroup"])
+
+
+def test_the_training_pod_recipe_mounts_the_spool_the_exporter_reads(
+    cluster: list[dict], tmp_path: Path
+) -> None:
+    """Schema-valid; the same host directory at the same path, named in
+    CHECKPOINT_EXPORTER_SPOOL, on the nodes the DaemonSet runs on, as a user of its own."""
+    job = _training_pod()
+    manifest = tmp_path / "training.yaml"
+    manifest.write_text(yaml.safe_dump(job))
+    validator = str(Path(sys.executable).parent / "kubernetes-validate")
+    result = subprocess.run([validator, "--strict", str(manifest)], capture_output=True, text=True,
+                            timeout=120)  # fmt: skip
+    assert result.returncode == 0 and "passed" in result.stdout, result.stdout + result.stderr
+    pod = job["spec"]["template"]["spec"]
+    daemonset = _one(cluster, "DaemonSet")["spec"]["template"]["spec"]
+    spool = _config(cluster)["spool"]
+    (container,) = pod["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["CHECKPOINT_EXPORTER_SPOOL"] == spool
+    assert ("trainer", spool, spool) in set(_host_mounts(pod))
+    assert ("exporter", spool, spool) in set(_host_mounts(daemonset))
+    assert pod["nodeSelector"].items() >= daemonset["nodeSelector"].items()
+    assert all(t in pod["tolerations"] for t in daemonset["tolerations"])
+    assert pod["securityContext"]["runAsUser"] not in (0, daemonset["securityContext"]["runAsUser"])
+
+
+# --- Prometheus Operator flavours ---------------------------------------------------------------
+
+# The default selectors of each flavour, from the projects themselves. kube-prometheus-stack
+# (charts/kube-prometheus-stack, templates/prometheus/prometheus.yaml, with values.yaml's
+# *SelectorNilUsesHelmValues: true): each selector `release: <release>`, each namespace selector
+# {} (all). kube-prometheus (manifests/prometheus-prometheus.yaml, since v0.10): every selector
+# {}, every namespace selector {}, but RBAC (prometheus-roleBindingSpecificNamespaces.yaml) only
+# in default, kube-system and monitoring; up to v0.9 its ruleSelector was
+# {matchLabels: {prometheus: k8s, role: alert-rules}}.
+SELECTS = {"ServiceMonitor": "serviceMonitorSelector", "PodMonitor": "podMonitorSelector",
+           "PrometheusRule": "ruleSelector"}  # fmt: skip
+
+
+def kube_prometheus_stack(release: str = "prometheus") -> dict:
+    selector = {"matchLabels": {"release": release}}
+    return {"selectors": dict.fromkeys(SELECTS.values(), selector), "namespaces": None}
+
+
+def kube_prometheus(pinned_rules: bool = False) -> dict:
+    selectors: dict = {name: {} for name in SELECTS.values()}
+    if pinned_rules:
+        selectors["ruleSelector"] = {"matchLabels": {"prometheus": "k8s", "role": "alert-rules"}}
+    return {"selectors": selectors, "namespaces": {"default", "kube-system", "monitoring"}}
+
+
+FLAVOURS = {
+    "kube-prometheus-stack": kube_prometheus_stack(),
+    "kube-prometheus": kube_prometheus(),
+    "kube-prometheus v0.9": kube_prometheus(pinned_rules=True),
+}
+
+
+def _matches(selector: dict, labels: dict[str, str]) -> bool:
+    """A Kubernetes label selector ({} matches everything)."""
+    if selector.get("matchLabels", {}).items() - labels.items():
+        return False
+    for term in selector.get("matchExpressions", []):
+        key, operator, values = term["key"], term["operator"], term.get("values", [])
+        present = key in labels
+        if not {"In": present and labels.get(key) in values,
+                "NotIn": not present or labels[key] not in values,
+                "Exists": present, "DoesNotExist": not present}[operator]:  # fmt: skip
+            return False
+    return True
+
+
+def _unselected(docs: list[dict], flavour: dict) -> list[str]:
+    """The Operator objects of ``docs`` that the flavour's Prometheus would not load."""
+    missed = []
+    for doc in docs:
+        if doc["kind"] not in SELECTS:
+            continue
+        selector = flavour["selectors"][SELECTS[doc["kind"]]]
+        namespace = doc["metadata"].get("namespace", "monitoring")
+        watched = flavour["namespaces"] is None or namespace in flavour["namespaces"]
+        if not (watched and _matches(selector, doc["metadata"].get("labels", {}))):
+            missed.append(f"{doc['kind']}/{doc['metadata']['name']}")
+    return missed
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_each_operator_flavour_loads_every_monitor_and_rule(
+    shape: list[dict], flavour: str
+) -> None:
+    """Every ServiceMonitor, the PodMonitor alternative and every PrometheusRule (both of the
+    split rules) of each shape, by each flavour's default selectors."""
+    podmonitor = {**yaml.safe_load((BASE / "podmonitor.yaml").read_text())}
+    podmonitor["metadata"]["namespace"] = "monitoring"
+    docs = [*shape, podmonitor]
+    assert {d["kind"] for d in docs} >= set(SELECTS)
+    assert _unselected(docs, FLAVOURS[flavour]) == []
+    # The rules' labels before: kube-prometheus-stack loaded them nowhere.
+    labels = {"prometheus": "k8s", "role": "alert-rules"}
+    old = {"kind": "PrometheusRule", "metadata": {"name": "old", "labels": labels}}
+    assert _unselected([old], FLAVOURS["kube-prometheus-stack"]) == ["PrometheusRule/old"]
+
+
+def test_a_helm_release_of_another_name_is_one_label(tmp_path: Path) -> None:
+    """docs/kubernetes.md: kube-prometheus-stack installed as `kps`."""
+    block = _guide_block('# kustomization.yaml: kube-prometheus-stack installed as release "kps"')
+    docs = _render(_overlay(tmp_path, {"kustomization.yaml": block}))
+    assert {d["kind"] for d in docs} >= {"ServiceMonitor", "PrometheusRule"}
+    assert _unselected(docs, kube_prometheus_stack("kps")) == []
+    assert _unselected(docs, kube_prometheus_stack()) != []  # the default release is not it
+
+
+@pytest.mark.parametrize(
+    ("recipe", "flavours"),
+    [
+        ("kube-prometheus-stack (Helm)", [kube_prometheus_stack("kps")]),
+        ("kube-prometheus (jsonnet)", [kube_prometheus(), kube_prometheus(pinned_rules=True)]),
+    ],
+)
+def test_the_mixin_recipes_label_what_each_flavour_loads(
+    tmp_path: Path, recipe: str, flavours: list[dict]
+) -> None:
+    """docs/kubernetes.md's mixin configs: the objects the generator writes from them, both rule
+    layouts, are loaded by that flavour; the other flavour's recipe is not enough for it."""
+    mixin = tmp_path / "mixin.yaml"
+    mixin.write_text(_guide_block(f"# mixin.yaml: {recipe}"))
+    config = load_mixin(str(mixin))
+    docs = []
+    for layout in (config, MixinConfig(**{**config.__dict__, "rule_layout": SPLIT})):
+        built = generate.outputs(layout)
+        docs += [yaml.safe_load(text) for kind in ("prometheusrule", "monitors", "scanner-monitors")
+                 for text in built[kind].values()]  # fmt: skip
+    assert sorted({d["kind"] for d in docs}) == sorted(SELECTS)
+    for flavour in flavours:
+        assert _unselected(docs, flavour) == []
+    if "Helm" in recipe:
+        assert _unselected(docs, kube_prometheus_stack()) != []
+
+
+# --- NetworkPolicy, runtime class ---------------------------------------------------------------
+
+# A Prometheus pod as the operator labels it (both flavours: kube-prometheus adds its own
+# podMetadata labels on top), and the namespace's automatic name label.
+PROMETHEUS_POD = {
+    "app.kubernetes.io/name": "prometheus", "app.kubernetes.io/instance": "k8s",
+    "app.kubernetes.io/managed-by": "prometheus-operator", "prometheus": "k8s",
+    "operator.prometheus.io/name": "k8s", "operator.prometheus.io/shard": "0",
+}  # fmt: skip
+
+
+def _admitted(policy: dict, namespace: str, pod: dict[str, str]) -> bool:
+    """Whether the policy's ingress admits a pod with these labels from this namespace."""
+    namespace_labels = {"kubernetes.io/metadata.name": namespace}
+    own = policy["metadata"]["namespace"]
+    for rule in policy["spec"]["ingress"]:
+        for peer in rule["from"]:
+            in_namespace = (
+                _matches(peer["namespaceSelector"], namespace_labels)
+                if "namespaceSelector" in peer else namespace == own
+            )  # fmt: skip
+            if in_namespace and _matches(peer.get("podSelector", {}), pod):
+                return True
+    return False
+
+
+def test_only_prometheus_may_open_the_metrics_port(shape: list[dict], tmp_path: Path) -> None:
+    policy = _one(shape, "NetworkPolicy")
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    pods = policy["spec"]["podSelector"]
+    selected = [
+        d for d, t in _workloads(shape)
+        if d["kind"] != "CronJob" and _matches(pods, t["metadata"]["labels"])
+    ]  # fmt: skip
+    assert {d["kind"] for d in selected} == (
+        {"DaemonSet", "StatefulSet"} if _has(shape, "StatefulSet") else {"DaemonSet"}
+    )
+    (rule,) = policy["spec"]["ingress"]
+    for doc in selected:
+        ports = {p["name"] for p in _pod_specs_of(doc)["containers"][0]["ports"]}
+        assert {p["port"] for p in rule["ports"]} <= ports  # the named port exists on each
+    assert _admitted(policy, "monitoring", PROMETHEUS_POD)
+    assert not _admitted(policy, "monitoring", {"app.kubernetes.io/name": "grafana"})
+    assert not _admitted(policy, "default", PROMETHEUS_POD)
+    # The guide's one patch for a Prometheus elsewhere.
+    block = _guide_block('# kustomization.yaml: Prometheus in namespace "observability"')
+    moved = _one(_render(_overlay(tmp_path, {"kustomization.yaml": block})), "NetworkPolicy")
+    assert _admitted(moved, "observability", PROMETHEUS_POD)
+    assert not _admitted(moved, "monitoring", PROMETHEUS_POD)
+
+
+def _pod_specs_of(doc: dict) -> dict:
+    return _workloads([doc])[0][1]["spec"]
+
+
+def test_the_nvidia_runtime_is_one_component(tmp_path: Path) -> None:
+    block = _guide_block("# kustomization.yaml: the NVIDIA runtime")
+    docs = _render(_overlay(tmp_path, {"kustomization.yaml": block}))
+    runtimes = {d["kind"]: t["spec"].get("runtimeClassName") for d, t in _workloads(docs)}
+    assert runtimes == {"DaemonSet": "nvidia", "StatefulSet": None, "CronJob": None}
+
+
+def test_container_image_builds() -> None:
+    docker = shutil.which("docker")
+    if docker is None or subprocess.run([docker, "info"], capture_output=True).returncode != 0:
+        pytest.skip("no Docker engine answers on this machine: the image build runs where one does")
+    result = subprocess.run(
+        [docker, "build", "-t", "checkpoint-exporter:test", str(REPO)],
+        capture_output=True, text=True, timeout=1200,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    version = subprocess.run(
+        [docker, "run", "--rm", "checkpoint-exporter:test", "--version"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert version.stdout.startswith("checkpoint-exporter ")
+    user = subprocess.run(
+        [docker, "run", "--rm", "--entrypoint", "id", "checkpoint-exporter:test", "-u"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert user.stdout.strip() != "0"

@@ -40,7 +40,7 @@ def _drill_args(argv: list[str]) -> argparse.Namespace:
 
 @pytest.fixture(scope="module", params=["node", "cluster"])
 def shape(request: pytest.FixtureRequest) -> list[dict]:
-    return _render(KUBERNETES if request.param == "node" else KUBERNETES / "cluster")
+    return _render(KUBERNETES / "node" if request.param == "node" else KUBERNETES)
 
 
 def test_the_cronjob_runs_beside_the_exporter_that_reads_its_spool(shape: list[dict]) -> None:

@@ -3,20 +3,27 @@
 Thresholds are not here: they come from the objectives each exporter exports per job
 (``checkpoint_deadline_seconds`` ...). This holds what differs between Prometheus setups: the
 selector that finds the exporters, severities, ``for`` durations, the runbook location, the SLO,
-and whether the rules come as one file or split by where they must evaluate.
+whether the rules come as one file or split by where they must evaluate, the labels the
+Prometheus Operator selects the rules and monitors by, and how the dashboards find a node's
+other exporters.
 """
 
 from __future__ import annotations
 
+import ipaddress
+import re
+import urllib.parse
 from dataclasses import dataclass, field, replace
 
 from checkpoint_exporter.schema import (
     Field,
     Parser,
+    boolean,
     choice,
     did_you_mean,
     positive_duration,
     read_mapping_file,
+    regex,
     text,
     type_name,
 )
@@ -77,12 +84,35 @@ ALERTS: dict[str, tuple[str, str, str]] = {
 }  # fmt: skip
 
 
+# The runbooks where the project publishes its source (the main branch): a page any browser
+# opens, the on-call's phone included. GitHub gives each `## AlertName`
+# heading the id `alertname`, which is what runbook() appends.
+RUNBOOK_URL = (
+    "https://github.com/checkpoint-exporter/checkpoint-exporter/blob/main/docs/runbooks.md"
+)
+
+# What kube-prometheus-stack's Prometheus selects by default (`release: <Helm release>`, for its
+# monitors and rules alike; `prometheus` is the release name its README installs), and what
+# kube-prometheus (jsonnet) gives its own rules, which its Prometheus selected by until v0.9:
+# objects with all of these labels load in both flavours' default installs (kube-prometheus
+# since v0.10 selects every monitor and rule in the namespaces it watches).
+MONITOR_LABELS = {"release": "prometheus"}
+RULE_LABELS = {"release": "prometheus", "prometheus": "k8s", "role": "alert-rules"}
+
+# Network devices the NIC panel leaves out: the loopback and the virtual ends of containers
+# (veth pairs, Calico, Docker, CNI bridges, Flannel, Cilium, LXC, tunnels), which carry the
+# same bytes again and would bury the node's real links.
+NETWORK_DEVICE_EXCLUDE = "lo|veth.*|cali.*|docker.*|cni.*|flannel.*|cilium.*|lxc.*|tunl.*|vxlan.*"
+
+
 @dataclass(frozen=True)
 class MixinConfig:
     selector: str = 'job="checkpoint-exporter"'  # finds the exporters' series
-    # The runbooks each exporter serves itself, through the Service of deploy/kubernetes/: a link
-    # that resolves wherever the manifests run. Outside the cluster, point this at a wiki.
-    runbook_url: str = "http://checkpoint-exporter.monitoring.svc:25780/runbooks"
+    # Where the alerts' runbook links point (each adds #<alert in lower case). It must open in
+    # a browser outside the cluster: a name only the cluster resolves (the exporters' own
+    # /runbooks through their Service) needs runbook_url_internal: true (check_mixin).
+    runbook_url: str = RUNBOOK_URL
+    runbook_url_internal: bool = False
     cluster_label: str = "cluster"  # the label that tells clusters apart in dashboards
     slo_target: float = 0.99  # share of saves that meet their deadline
     event_window: str = "30m"  # how long a deadline miss, abort or failed restore keeps firing
@@ -92,14 +122,37 @@ class MixinConfig:
     straggler_fraction: float = 0.25  # a node this share of the deadline behind the first
     drain_margin: float = 1.1  # arrival above drain by this factor means falling behind
     rule_layout: str = SINGLE  # single | split: see RULE_LAYOUTS
-    # The dashboards draw node_exporter's and dcgm-exporter's own series for a job's nodes: these
-    # find their targets, and each side's host is the node label's value up to this regex's
-    # first group (the instance without its port, by default), so "gpu7:25780" meets "gpu7:9100".
+    # Labels of the generated ServiceMonitors and PodMonitor, and of the PrometheusRules: what
+    # the Prometheus resource's serviceMonitorSelector / podMonitorSelector / ruleSelector match.
+    monitor_labels: dict[str, str] = field(default_factory=lambda: dict(MONITOR_LABELS))
+    rule_labels: dict[str, str] = field(default_factory=lambda: dict(RULE_LABELS))
+    # The split layout's per-job PrometheusRule; None: rule_labels, so the one Prometheus of a
+    # default install loads it. Set it apart (and select `checkpoint-exporter/rules: job` in a
+    # ThanosRuler) where several Prometheus shards each see only some of a job's nodes.
+    job_rule_labels: dict[str, str] | None = None
+    # The dashboards draw node_exporter's and dcgm-exporter's own series for a job's nodes. An
+    # exporter's node is the value of each of exporter_node_labels (up to the regex's first
+    # group): `node` (the node name the ServiceMonitor / PodMonitor add on Kubernetes) and its
+    # instance without the port. A node_exporter or dcgm-exporter series belongs to the job's
+    # nodes when its own label (node_exporter_node_label, dcgm_node_label, through the same kind
+    # of regex) equals any of them: so kube-prometheus (node-exporter's instance is the node
+    # name), kube-prometheus-stack (the node's IP and port, as the exporter's own instance with
+    # host networking) and static configs (host:port) all join without a setting.
     node_exporter_selector: str = 'job=~"node(-exporter)?"'
     dcgm_selector: str = 'job=~"(nvidia-)?dcgm(-exporter)?"'
-    node_label: str = "instance"  # on the exporters' and node_exporter's series
+    exporter_node_labels: tuple[str, ...] = ("node", "instance")
+    node_exporter_node_label: str = "instance"
     dcgm_node_label: str = "instance"  # "Hostname" where dcgm-exporter has no host network
-    node_regex: str = "(.+?)(:[0-9]+)?"
+    node_regex: str = "(.+?)(:[0-9]+)?"  # the host of host:port, or the whole value
+    # Each side's own regex, where its values are spelled differently (a domain to strip);
+    # empty: node_regex.
+    exporter_node_regex: str = ""
+    node_exporter_node_regex: str = ""
+    dcgm_node_regex: str = ""
+    # The one label for both the exporters and node_exporter, as before there were two
+    # (mixin configs that set it keep working); empty: the two settings above.
+    node_label: str = ""
+    network_device_exclude: str = NETWORK_DEVICE_EXCLUDE  # regex over node_exporter's device
     # The fast budget burn pages only with at least this many misses in its 6 h window: a job
     # that saves hourly has six saves there, and one miss of six is a 17 % error rate.
     burn_min_misses: int = 3
@@ -118,6 +171,67 @@ class MixinConfig:
 
     def runbook(self, alert: str) -> str:
         return f"{self.runbook_url}#{alert.lower()}"
+
+    def job_rules_labels(self) -> dict[str, str]:
+        return self.rule_labels if self.job_rule_labels is None else self.job_rule_labels
+
+    def exporter_nodes(self) -> tuple[tuple[str, str], ...]:
+        """(label, regex) for each label that names an exporter's node."""
+        labels = (self.node_label,) if self.node_label else self.exporter_node_labels
+        return tuple((label, self.exporter_node_regex or self.node_regex) for label in labels)
+
+    def node_exporter_node(self) -> tuple[str, str]:
+        """(label, regex) that names node_exporter's node."""
+        label = self.node_label or self.node_exporter_node_label
+        return label, self.node_exporter_node_regex or self.node_regex
+
+    def dcgm_node(self) -> tuple[str, str]:
+        return self.dcgm_node_label, self.dcgm_node_regex or self.node_regex
+
+
+# Host names a browser outside the cluster cannot resolve: Services (`name.namespace.svc`, with or
+# without the cluster domain), the cluster domain itself, and this machine.
+_CLUSTER_INTERNAL = re.compile(r"(.+\.svc(\..+)?|.+\.cluster\.local|localhost(\..+)?)")
+
+
+def runbook_url_problem(url: str, internal: bool = False) -> str | None:
+    """Why ``url`` cannot be the runbook links' base, or None. Not http(s) is never usable; a
+    cluster-internal or single-label name, or a loopback address, only with ``internal``."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return f"{url!r} is not an http(s) URL: the alerts' runbook links would not open"
+    if parts.query or parts.fragment:
+        return f"{url!r} has a query or fragment: each link appends #<alert name>"
+    if internal:
+        return None
+    host = parts.hostname.lower()
+    try:
+        private = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        private = "." not in host or bool(_CLUSTER_INTERNAL.fullmatch(host))
+    if private:
+        return (
+            f"{url!r} names {host}, which only the cluster (or this machine) resolves: the "
+            "on-call's browser cannot open the alerts' runbook links; point it at a page they can "
+            f"open (the default is {RUNBOOK_URL}), or set runbook_url_internal: true "
+            "if every reader is inside"
+        )
+    return None
+
+
+def check_mixin(config: MixinConfig) -> None:
+    """Refuse a config the generators must not write rules from; ValueError names the key."""
+    problem = runbook_url_problem(config.runbook_url, config.runbook_url_internal)
+    if problem:
+        raise ValueError(f"mixin config: runbook_url: {problem}")
+    if config.node_label and (
+        config.exporter_node_labels != MixinConfig.exporter_node_labels
+        or config.node_exporter_node_label != MixinConfig.node_exporter_node_label
+    ):
+        raise ValueError(
+            "mixin config: node_label: set either node_label (one label on both sides) or "
+            "exporter_node_labels / node_exporter_node_label"
+        )
 
 
 def _alert_settings(check: Parser) -> Parser:
@@ -164,6 +278,53 @@ def _open_fraction(value: object) -> object:
     return value
 
 
+_LABEL_NAME = re.compile(
+    r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+)
+_LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
+
+
+def _kubernetes_labels(value: object) -> object:
+    """A mapping of Kubernetes label keys to values (the API server refuses others)."""
+    if not isinstance(value, dict):
+        raise ValueError(f"expected a mapping of label to value, got {type_name(value)}")
+    for key, label in value.items():
+        if not isinstance(key, str) or not _LABEL_NAME.fullmatch(key) or len(key) > 316:
+            raise ValueError(f"{key!r} is not a Kubernetes label key")
+        if not isinstance(label, str) or not _LABEL_VALUE.fullmatch(label):
+            raise ValueError(f"{key}: {label!r} is not a Kubernetes label value (quote numbers)")
+    return value
+
+
+_PROMETHEUS_LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+
+
+def _prometheus_label(value: object) -> object:
+    if not isinstance(value, str) or not _PROMETHEUS_LABEL.fullmatch(value):
+        raise ValueError(f"{value!r} is not a Prometheus label name")
+    return value
+
+
+def _prometheus_labels(value: object) -> object:
+    """One or more Prometheus label names, as a list (a single name is a list of one)."""
+    names = [value] if isinstance(value, str) else value
+    if not isinstance(names, list) or not names:
+        raise ValueError(f"expected a list of label names, got {type_name(value)}")
+    for name in names:
+        _prometheus_label(name)
+    return tuple(names)
+
+
+def _runbook_url(value: object) -> object:
+    """An http(s) URL; whether its host is reachable from outside is checked with
+    runbook_url_internal, in load_mixin."""
+    problem = runbook_url_problem(text(value), internal=True)
+    if problem:
+        raise ValueError(problem)
+    return value
+
+
 def _count(value: object) -> object:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1000:
         raise ValueError("must be a whole number from 1 to 1000")
@@ -180,7 +341,8 @@ def _factor(value: object) -> object:
 # 2 rather than 2.0 (or 30m rather than 1800.0) keeps the generated files as they are.
 _FIELDS = (
     Field("selector", text),
-    Field("runbook_url", text),
+    Field("runbook_url", _runbook_url),
+    Field("runbook_url_internal", boolean),
     Field("cluster_label", text),
     Field("slo_target", _open_fraction),
     Field("event_window", _duration_string(positive_duration)),
@@ -188,11 +350,20 @@ _FIELDS = (
     Field("straggler_fraction", _open_fraction),
     Field("drain_margin", _factor),
     Field("rule_layout", choice(RULE_LAYOUTS)),
+    Field("monitor_labels", _kubernetes_labels),
+    Field("rule_labels", _kubernetes_labels),
+    Field("job_rule_labels", _kubernetes_labels),
     Field("node_exporter_selector", text),
     Field("dcgm_selector", text),
-    Field("node_label", text),
-    Field("dcgm_node_label", text),
-    Field("node_regex", text),
+    Field("exporter_node_labels", _prometheus_labels),
+    Field("node_exporter_node_label", _prometheus_label),
+    Field("node_label", _prometheus_label),
+    Field("dcgm_node_label", _prometheus_label),
+    Field("node_regex", regex),
+    Field("exporter_node_regex", regex),
+    Field("node_exporter_node_regex", regex),
+    Field("dcgm_node_regex", regex),
+    Field("network_device_exclude", regex),
     Field("burn_min_misses", _count),
     Field("job_running", text),
     Field("severity", _alert_settings(_severity)),
@@ -207,4 +378,11 @@ def load_mixin(path: str | None) -> MixinConfig:
     data, problems = read_mapping_file(path)
     values = problems.check({str(k): v for k, v in data.items()}, (), _FIELDS, list_known=False)
     problems.raise_if_any()
-    return replace(MixinConfig(), **{"for_" if k == "for" else k: v for k, v in values.items()})
+    config = replace(MixinConfig(), **{"for_" if k == "for" else k: v for k, v in values.items()})
+    try:
+        check_mixin(config)
+    except ValueError as error:
+        key, _, reason = str(error).removeprefix("mixin config: ").partition(": ")
+        problems.add((key,), reason)
+        problems.raise_if_any()
+    return config

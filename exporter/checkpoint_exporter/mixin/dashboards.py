@@ -23,6 +23,8 @@ from grafanalib.core import (
     RowPanel,
     Stat,
     StateTimeline,
+    Table,
+    TableSortByField,
     Target,
     Template,
     Templating,
@@ -57,9 +59,12 @@ class Panel:
     title: str
     queries: tuple[Query, ...]
     unit: str = "short"
-    kind: str = "timeseries"  # timeseries | stat | state-timeline
+    kind: str = "timeseries"  # timeseries | stat | state-timeline | table
     description: str = ""
     wide: bool = False  # the whole row's width (a timeline shared by the panels below it)
+    # A table: one row per job (each query a column named by its legend, joined on the
+    # labels), its training_job cells linking here (a Grafana URL with data-link variables).
+    job_link: str = ""
 
 
 @dataclass(frozen=True)
@@ -137,21 +142,33 @@ def _annotations(s: _Selectors) -> tuple[Annotation, ...]:
 
 
 def _job_nodes(c: MixinConfig, s: _Selectors) -> str:
-    """The hosts of the exporters that report the chosen jobs, as a ``node`` label: a job's
-    training nodes (their node-scope exporters know it from the spool) and its shared scanners.
-    Read from a series every process that knows a job exports (checkpoint_job_info lists only
-    the tiers a process reads: none on a node whose job is all on a shared tree)."""
-    return (
-        f'max by (node) (label_replace(checkpoint_restores_total{{{s.job}}}, "node", "$1", '
-        f"{json.dumps(c.node_label)}, {json.dumps(c.node_regex)}))"
+    """The nodes of the exporters that report the chosen jobs from their node, as a ``node``
+    label: a job's training nodes (their node-scope exporters know it from the spool). Read from
+    a series every process that knows a job exports (checkpoint_job_info lists only the tiers a
+    process reads: none on a node whose job is all on a shared tree); a shared scanner
+    (checkpoint_exporter_shard_info scope="shared") reads the job's tree for every node and is
+    none of its nodes. Each exporter stands for its value of every exporter_node_labels label,
+    so another exporter's series meets it by whichever of them it carries."""
+    shared = f'checkpoint_exporter_shard_info{{{s.base},scope="shared"}}'
+    return "\nor\n".join(
+        f"max by ({c.cluster_label}, node) (label_replace(\n"
+        f'  checkpoint_restores_total{{{s.job},{label}!=""}}\n'
+        f"    unless on ({c.cluster_label}, instance) {shared},\n"
+        f'  "node", "$1", {json.dumps(label)}, {json.dumps(regex)}))'
+        for label, regex in c.exporter_nodes()
     )
 
 
-def _on_job_nodes(c: MixinConfig, s: _Selectors, by: str, series: str, label: str) -> str:
-    """``series`` (another exporter's) for the chosen jobs' nodes, reduced by ``node`` + ``by``."""
+def _on_job_nodes(
+    c: MixinConfig, s: _Selectors, by: str, series: str, node: tuple[str, str]
+) -> str:
+    """``series`` (another exporter's) for the chosen jobs' nodes, reduced by ``node`` + ``by``;
+    ``node`` is the (label, regex) that names that exporter's node."""
+    label, regex = node
     return (
-        f'max by (node, {by}) (label_replace({series}, "node", "$1", {json.dumps(label)}, '
-        f"{json.dumps(c.node_regex)}))\nand on (node) {_job_nodes(c, s)}"
+        f'max by ({c.cluster_label}, node, {by}) (label_replace({series}, "node", "$1", '
+        f"{json.dumps(label)}, {json.dumps(regex)}))\n"
+        f"and on ({c.cluster_label}, node) (\n{_job_nodes(c, s)}\n)"
     )
 
 
@@ -159,13 +176,18 @@ def _window(c: MixinConfig, s: _Selectors) -> list[Section]:
     """The checkpoint window: which saves ran when, on which node, and what the node's own
     exporters saw its NICs, disks and GPUs do meanwhile."""
     rate = "$__rate_interval"
-    ne, dcgm = c.node_exporter_selector, c.dcgm_selector
+    # The chosen clusters' own series: a node name is unique only within its cluster.
+    ne, dcgm = f"{c.node_exporter_selector},{s.cluster}", f"{c.dcgm_selector},{s.cluster}"
     node = (NODE_EXPORTER,)
 
     local = f"checkpoint_local_saves_in_progress{{{s.job}}}"
 
     def node_rate(metric: str, by: str, extra: str = "") -> str:
-        return _on_job_nodes(c, s, by, f"rate({metric}{{{ne}{extra}}}[{rate}])", c.node_label)
+        series = f"rate({metric}{{{ne}{extra}}}[{rate}])"
+        return _on_job_nodes(c, s, by, series, c.node_exporter_node())
+
+    # The node's own links, not the loopback or the container ends that repeat their bytes.
+    links = f",device!~{json.dumps(c.network_device_exclude)}"
 
     return [
         Section("The checkpoint window (saves shaded: start to durable commit)", (
@@ -179,7 +201,7 @@ def _window(c: MixinConfig, s: _Selectors) -> list[Section]:
                            "(the spool); for a job not instrumented, the view of its durable "
                            "tier from the process that reads it."),
             Panel("Network sent per node (node_exporter)", (
-                Query(node_rate("node_network_transmit_bytes_total", "device", ',device!="lo"'),
+                Query(node_rate("node_network_transmit_bytes_total", "device", links),
                       "{{node}} {{device}}", node),
             ), unit="Bps"),
             Panel("InfiniBand sent per node (node_exporter)", (
@@ -192,8 +214,7 @@ def _window(c: MixinConfig, s: _Selectors) -> list[Section]:
                       node),
             ), unit="Bps"),
             Panel("GPU utilisation per node (dcgm-exporter)", (
-                Query(_on_job_nodes(c, s, "gpu", f"DCGM_FI_DEV_GPU_UTIL{{{dcgm}}}",
-                                    c.dcgm_node_label),
+                Query(_on_job_nodes(c, s, "gpu", f"DCGM_FI_DEV_GPU_UTIL{{{dcgm}}}", c.dcgm_node()),
                       "{{node}} GPU {{gpu}}", (DCGM_EXPORTER,)),
             ), unit="percent"),
         )),
@@ -248,6 +269,7 @@ def _overview(c: MixinConfig, s: _Selectors) -> list[Section]:
         ("failed restores", "checkpoint_restore_failures_total"),
     )
     return [
+        Section("Jobs", (_jobs_table(c, s),)),
         Section("Checkpoint age", (
             Panel("Age of the newest committed checkpoint against interval + deadline", (
                 Query(age, "{{training_job}} age"),
@@ -273,6 +295,28 @@ def _overview(c: MixinConfig, s: _Selectors) -> list[Section]:
             ), kind="stat"),
         )),
     ]  # fmt: skip
+
+
+def _jobs_table(c: MixinConfig, s: _Selectors) -> Panel:
+    """One row per job of the chosen clusters: how old its newest checkpoint is against its
+    limit, what is saving now, and what went wrong in the time range; the job's name opens its
+    own dashboard, with its cluster, the data source and the time range kept."""
+    one = f"max by ({s.by})"
+    link = (
+        f"/d/{JOB_DASHBOARD}?var-datasource=${{datasource}}"
+        f"&var-cluster=${{__data.fields.{c.cluster_label}}}&var-training_job=${{__value.raw}}"
+        "&${__url_time_range}"
+    )
+    return Panel("Jobs (click a job for its dashboard)", (
+        Query(f"time() - {rules.LAST_COMMITTED}{{{s.recorded_job}}}", "Newest checkpoint age"),
+        Query(f"{rules.INTERVAL}{{{s.recorded_job}}} + {rules.DEADLINE}{{{s.recorded_job}}}",
+              "Interval + deadline"),
+        Query(f"{one} (checkpoint_saves_in_progress{{{s.job}}})", "Saves in progress"),
+        Query(f"{one} (increase(checkpoint_deadline_misses_total{{{s.job}}}[$__range]))",
+              "Deadline misses"),
+        Query(f"{one} (increase(checkpoint_saves_aborted_total{{{s.job}}}[$__range]))",
+              "Aborted saves"),
+    ), kind="table", wide=True, job_link=link)  # fmt: skip
 
 
 def _job(c: MixinConfig, s: _Selectors) -> list[Section]:
@@ -403,6 +447,8 @@ DASHBOARDS = {
     "checkpoint-storage": ("Checkpoints / Storage", _storage),
     "checkpoint-restores": ("Checkpoints / Restores", _restores),
 }
+OVERVIEW = "checkpoint-overview"  # the fleet view: every job at once
+JOB_DASHBOARD = "checkpoint-job"
 # The dashboards whose time axis carries the save windows.
 ANNOTATED = ("checkpoint-overview", "checkpoint-job")
 
@@ -427,7 +473,15 @@ def _annotation_json(annotation: Annotation) -> dict[str, object]:
     }
 
 
-def _templating(c: MixinConfig) -> Templating:
+def _templating(c: MixinConfig, every_job: bool) -> Templating:
+    """The variables; ``every_job``: the job selector is multi-select, all jobs by default (the
+    overview, a fleet view), else it picks one job (a detail dashboard draws one job's lines per
+    panel: all of 200 jobs at once is unreadable, and slow)."""
+    jobs = (
+        {"includeAll": True, "multi": True, "allValue": ".*", "default": "$__all"}
+        if every_job
+        else {"includeAll": False, "multi": False}
+    )
     return Templating(
         list=[
             Template(name="datasource", label="Data source", query="prometheus", type="datasource"),
@@ -446,10 +500,7 @@ def _templating(c: MixinConfig) -> Templating:
                 label="Training job",
                 query=f'label_values(checkpoint_job_info{{{c.selector},{c.cluster_label}=~"$cluster"}}, training_job)',
                 dataSource=DATASOURCE,
-                includeAll=True,
-                multi=True,
-                allValue=".*",
-                default="$__all",
+                **jobs,
             ),
         ]
     )
@@ -478,12 +529,15 @@ def _grafana_panels(sections: list[Section]) -> list[object]:
                 y, column = y + 8, 0
             else:
                 column = 1
+            table = panel.kind == "table"
             targets = [
                 Target(
                     expr=q.expr,
                     legendFormat=q.legend,
                     refId=chr(ord("A") + i),
                     datasource=DATASOURCE,
+                    instant=table,
+                    format="table" if table else "time_series",
                 )
                 for i, q in enumerate(panel.queries)
             ]
@@ -493,6 +547,8 @@ def _grafana_panels(sections: list[Section]) -> list[object]:
             )  # fmt: skip
             if panel.kind == "stat":
                 panels.append(Stat(**common, format=panel.unit, reduceCalc="lastNotNull"))
+            elif table:
+                panels.append(_table(panel, common))
             elif panel.kind == "state-timeline":
                 # In-progress counts read as idle / saving; any other value (a symptom's info
                 # gauge) as itself.
@@ -504,6 +560,30 @@ def _grafana_panels(sections: list[Section]) -> list[object]:
     return panels
 
 
+def _table(panel: Panel, common: dict[str, object]) -> Table:
+    """Instant queries merged into one row per series labels, each value column named by its
+    query's legend, sorted by the first, highest first; the training_job cells link to
+    ``job_link``."""
+    columns = {f"Value #{chr(ord('A') + i)}": q.legend for i, q in enumerate(panel.queries)}
+    overrides = [{
+        "matcher": {"id": "byName", "options": "training_job"},
+        "properties": [{"id": "links", "value": [{"title": "Open the job's dashboard",
+                                                   "url": panel.job_link}]}],
+    }] if panel.job_link else []  # fmt: skip
+    return Table(
+        **common,
+        transformations=[
+            {"id": "merge", "options": {}},
+            {
+                "id": "organize",
+                "options": {"excludeByName": {"Time": True}, "renameByName": columns},
+            },
+        ],
+        overrides=overrides,
+        sortBy=[TableSortByField(displayName=panel.queries[0].legend, desc=True)],  # worst first
+    )
+
+
 def dashboard_json(uid: str, config: MixinConfig | None = None) -> str:
     c = config or MixinConfig()
     title, build = DASHBOARDS[uid]
@@ -511,7 +591,7 @@ def dashboard_json(uid: str, config: MixinConfig | None = None) -> str:
         title=title,
         uid=uid,
         tags=["checkpoint-exporter"],
-        templating=_templating(c),
+        templating=_templating(c, every_job=uid == OVERVIEW),
         annotations=Annotations(list=[_annotation_json(a) for a in annotations_of(uid, c)]),
         panels=_grafana_panels(build(c, _Selectors(c))),
         timezone="utc",

@@ -10,11 +10,13 @@ import argparse
 import difflib
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from checkpoint_exporter.exposition import metrics
 from checkpoint_exporter.mixin import dashboards, rules
-from checkpoint_exporter.mixin.config import SINGLE, SPLIT, MixinConfig
+from checkpoint_exporter.mixin.config import SPLIT, MixinConfig, check_mixin
 
 BEGIN = "<!-- BEGIN GENERATED: {name} (make generate) -->"
 END = "<!-- END GENERATED: {name} -->"
@@ -68,13 +70,67 @@ def _dashboards_configmap(files: dict[str, str]) -> str:
     return rules.to_yaml(manifest)
 
 
+_NAME = {"app.kubernetes.io/name": "checkpoint-exporter"}
+
+
+def _monitor(kind: str, name: str, component: str, labels: dict[str, str]) -> dict[str, Any]:
+    """A ServiceMonitor of one component's Service, or a PodMonitor of its pods, labelled for
+    the Prometheus resource's serviceMonitorSelector / podMonitorSelector (monitor_labels).
+    Every 15 s, the job label the Service's (pods') app.kubernetes.io/name, which the rules'
+    selector finds, and the node the pod runs on as `node`: the first of the mixin's
+    exporter_node_labels, so the dashboards meet node_exporter and dcgm-exporter by node."""
+    endpoint: dict[str, Any] = {"port": "metrics", "path": "/metrics", "interval": "15s"}
+    if kind == "ServiceMonitor":
+        endpoint["scrapeTimeout"] = "10s"
+    endpoint["relabelings"] = [
+        {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node"}
+    ]
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": kind,
+        "metadata": {"name": name, "labels": {**_NAME, **labels}},
+        "spec": {
+            "jobLabel": "app.kubernetes.io/name",
+            "selector": {"matchLabels": {**_NAME, "app.kubernetes.io/component": component}},
+            ("endpoints" if kind == "ServiceMonitor" else "podMetricsEndpoints"): [endpoint],
+        },
+    }
+
+
+def monitors(mixin: MixinConfig) -> dict[str, dict[str, Any]]:
+    """The DaemonSet's monitors, by file name: a ServiceMonitor, or the PodMonitor instead of
+    it and its Service."""
+    labels = mixin.monitor_labels
+    return {
+        "servicemonitor.yaml": _monitor(
+            "ServiceMonitor", "checkpoint-exporter", "exporter", labels
+        ),
+        "podmonitor.yaml": _monitor("PodMonitor", "checkpoint-exporter", "exporter", labels),
+    }
+
+
+def scanner_monitors(mixin: MixinConfig) -> dict[str, dict[str, Any]]:
+    """The shared scanners' ServiceMonitor (the cluster shape's component)."""
+    return {
+        "servicemonitor.yaml": _monitor(
+            "ServiceMonitor", "checkpoint-exporter-shared", "shared-scanner", mixin.monitor_labels
+        )
+    }
+
+
 def outputs(mixin: MixinConfig) -> dict[str, dict[str, str]]:
-    """What each generator writes: kind -> {file name: content}."""
+    """What each generator writes: kind -> {file name: content}. A config that would write
+    unusable rules (check_mixin) raises ValueError naming its key."""
+    check_mixin(mixin)
     boards = {f"{uid}.json": dashboards.dashboard_json(uid, mixin) for uid in dashboards.DASHBOARDS}
     return {
         "rules": {name: rules.to_yaml(doc) for name, doc in rules.rule_files(mixin).items()},
         "prometheusrule": {
             name: rules.to_yaml(doc) for name, doc in rules.prometheus_rules(mixin).items()
+        },
+        "monitors": {name: rules.to_yaml(doc) for name, doc in monitors(mixin).items()},
+        "scanner-monitors": {
+            name: rules.to_yaml(doc) for name, doc in scanner_monitors(mixin).items()
         },
         "dashboards": boards,
         "dashboards-configmap": {"dashboards.yaml": _dashboards_configmap(boards)},
@@ -93,30 +149,38 @@ def write_outputs(mixin: MixinConfig, targets: dict[str, Path]) -> list[Path]:
     return written
 
 
-# Where each layout's outputs are committed (kind -> directory). Both rule layouts are: the
-# single file for one Prometheus, the split files (in their own directory, so that a glob over
-# alerts/*.yaml never loads a rule twice) for a sharded Prometheus with a global ruler, and the
-# split PrometheusRules as a kustomize component that replaces the single one.
-_WHERE = {
-    SINGLE: {
-        "rules": "alerts",
+# The committed variants (name -> config) and where each one's outputs go (kind -> directory).
+# Both rule layouts are committed: the single file for one Prometheus, the split files (in
+# their own directory, so that a glob over alerts/*.yaml never loads a rule twice) for a sharded
+# Prometheus with a global ruler, and the split PrometheusRules as a kustomize component that
+# replaces the single one. The Kubernetes dashboards differ from dashboards/ in one setting:
+# dcgm-exporter runs on the pod network there (gpu-operator), so its node is its Hostname (the
+# node name), where on a host it is its instance's host, as the exporters'.
+KUBERNETES = MixinConfig(dcgm_node_label="Hostname")
+_WHERE: dict[str, tuple[MixinConfig, dict[str, str]]] = {
+    "single": (MixinConfig(), {"rules": "alerts", "dashboards": "dashboards"}),
+    "split": (MixinConfig(rule_layout=SPLIT), {"rules": "alerts/split"}),
+    "kubernetes": (KUBERNETES, {
         "prometheusrule": "deploy/kubernetes/base",
-        "dashboards": "dashboards",
+        "monitors": "deploy/kubernetes/base",
         "dashboards-configmap": "deploy/kubernetes/base",
-    },
-    SPLIT: {"rules": "alerts/split", "prometheusrule": "deploy/kubernetes/components/split-rules"},
-}
+    }),
+    "kubernetes-split": (replace(KUBERNETES, rule_layout=SPLIT), {
+        "prometheusrule": "deploy/kubernetes/components/split-rules",
+        "scanner-monitors": "deploy/kubernetes/components/shared-scanners",
+    }),
+}  # fmt: skip
 
 
 def _committed() -> dict[str, Callable[[Path], str]]:
     """Each generated file, relative to the repository root, and how to build it."""
     targets: dict[str, Callable[[Path], str]] = {
         "docs/metrics.md": _metrics_doc,
-        # The exporter serves its runbooks at /runbooks, where the alerts' runbook_url points.
+        # The exporter serves its runbooks at /runbooks (for a runbook_url inside the cluster).
         "exporter/checkpoint_exporter/runbooks.md": _runbooks,
     }
-    for layout, where in _WHERE.items():
-        built = outputs(MixinConfig(rule_layout=layout))
+    for config, where in _WHERE.values():
+        built = outputs(config)
         for kind, directory in where.items():
             for name, content in built[kind].items():
                 targets[f"{directory}/{name}"] = lambda _root, content=content: content

@@ -579,13 +579,6 @@ def rule_files(config: MixinConfig | None = None) -> dict[str, dict[str, Any]]:
     return {f"checkpoint-exporter-{scope}.rules.yaml": rule_groups(c, scope) for scope in SCOPES}
 
 
-# Prometheus.spec.ruleSelector picks nothing by default: it matches these labels. The per-job
-# rules of the split layout lack `prometheus: k8s`, so every shard of a sharded Prometheus
-# does not load them; a ThanosRuler (or one Prometheus that sees every node) selects them by
-# `checkpoint-exporter/rules: job`.
-_RULE_LABELS = {"prometheus": "k8s", "role": "alert-rules"}
-
-
 def _prometheus_rule(name: str, labels: dict[str, str], spec: dict[str, Any]) -> dict[str, Any]:
     return {
         "apiVersion": "monitoring.coreos.com/v1",
@@ -603,23 +596,26 @@ def _prometheus_rule(name: str, labels: dict[str, str], spec: dict[str, Any]) ->
 
 
 def prometheus_rules(config: MixinConfig | None = None) -> dict[str, dict[str, Any]]:
-    """The same groups as prometheus-operator PrometheusRules, by file name."""
+    """The same groups as prometheus-operator PrometheusRules, by file name, labelled for the
+    Prometheus resource's ruleSelector (the mixin's rule_labels). The split layout's objects
+    also carry `checkpoint-exporter/rules: node|job`, for a selector of one scope (a
+    ThanosRuler's); the per-job one takes job_rule_labels, rule_labels by default."""
     c = config or MixinConfig()
     if c.rule_layout == SINGLE:
         return {
             "prometheusrule.yaml": _prometheus_rule(
-                "checkpoint-exporter", _RULE_LABELS, rule_groups(c)
+                "checkpoint-exporter", c.rule_labels, rule_groups(c)
             )
         }
     return {
         "prometheusrule-node.yaml": _prometheus_rule(
             "checkpoint-exporter-node",
-            {**_RULE_LABELS, "checkpoint-exporter/rules": NODE},
+            {**c.rule_labels, "checkpoint-exporter/rules": NODE},
             rule_groups(c, NODE),
         ),
         "prometheusrule-job.yaml": _prometheus_rule(
             "checkpoint-exporter-job",
-            {"role": "alert-rules", "checkpoint-exporter/rules": JOB},
+            {**c.job_rules_labels(), "checkpoint-exporter/rules": JOB},
             rule_groups(c, JOB),
         ),
     }
