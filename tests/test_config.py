@@ -316,12 +316,17 @@ def test_check_config_requires_a_file() -> None:
     assert run_cli("check-config").returncode == 2
 
 
-def test_readme_example_config_has_only_valid_keys(tmp_path: Path) -> None:
-    """The README's config block stays in step with the loader: only its paths are missing here."""
+def test_the_documented_configs_have_only_valid_keys(tmp_path: Path) -> None:
+    """The reference config block (docs/configuration.md) and the README's first config stay in
+    step with the loader: only their paths are missing here."""
     from tests.conftest import REPO
 
+    reference = (REPO / "docs" / "configuration.md").read_text()
+    block = reference.split("## Configuration", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
     readme = (REPO / "README.md").read_text()
-    block = readme.split("## Configuration", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
+    first = readme.split("## A first configuration", 1)[1].split("```yaml\n", 1)[1]
+    config = parse_config(first.split("```", 1)[0], "README.md", tmp_path)
+    assert [job.name for job in config.jobs] == ["llama70b"] and len(config.discover) == 1
     config = parse_config(block, "test.yaml", tmp_path)
     notes = [str(note) for note in config.warnings]
     assert notes and all("does not exist yet" in note for note in notes), notes

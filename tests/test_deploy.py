@@ -472,14 +472,15 @@ def _selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
 
 
 def test_the_readme_overlay_changes_the_number_of_shards(tmp_path: Path) -> None:
-    """The README's own overlay, on the cluster shape as shipped: four shards, two pods each."""
-    readme = (REPO / "README.md").read_text()
-    block = re.search(r"```yaml\n(# kustomization.yaml of your overlay\n.*?)```", readme, re.S)
-    assert block, "README: the overlay example is gone"
+    """docs/kubernetes.md's own overlay, on the cluster shape as shipped: four shards, two pods
+    each."""
+    guide = (REPO / "docs" / "kubernetes.md").read_text()
+    block = re.search(r"```yaml\n(# kustomization.yaml of your overlay\n.*?)```", guide, re.S)
+    assert block, "docs/kubernetes.md: the overlay example is gone"
     overlay = tmp_path / "overlay"
     overlay.mkdir()
-    cluster_shape = os.path.relpath(KUBERNETES / "cluster", overlay)
-    text = block.group(1).replace("<path to>/deploy/kubernetes/cluster", cluster_shape)
+    default = os.path.relpath(KUBERNETES, overlay)  # the cluster shape
+    text = block.group(1).replace("<path to>/deploy/kubernetes", default)
     (overlay / "kustomization.yaml").write_text(text)
     assert _shards(_render(overlay), tmp_path) == 4
 
