@@ -304,7 +304,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--workdir", metavar="DIR", help="keep its files here (default: temporary)")
     demo.add_argument("--duration", type=float, metavar="SECONDS", help="stop after this long")
     demo.add_argument(
-        "--port", type=int, default=25780, help="the exporter's; Prometheus +10, Alertmanager +11"
+        "--port",
+        type=int,
+        default=25780,
+        help="the exporter's; Prometheus +10, Alertmanager +11, node_exporter +12",
     )
     _add_acceptance(
         verbs.add_parser(
