@@ -1,8 +1,9 @@
 """The Alertmanager route that ships (deploy/alertmanager/alertmanager.yml): amtool accepts it and
 routes by severity; a real Alertmanager running it sends 200 stale jobs of one cluster as one
-page, and mutes the slow budget burn's ticket of a job whose fast burn pages; the
-AlertmanagerConfig of deploy/kubernetes/components/alertmanager-route is the same route and
-passes the operator's schema."""
+page, two jobs' CheckpointTooOld as two pages (two incidents), and mutes the slow budget burn's
+ticket of a job whose fast burn pages; the AlertmanagerConfig of
+deploy/kubernetes/components/alertmanager-route is the same route and passes the operator's
+schema."""
 
 from __future__ import annotations
 
@@ -144,7 +145,7 @@ def alertmanager(tmp_path: Path):
 
 
 @pytest.mark.prometheus
-def test_one_hung_mount_under_200_jobs_is_one_page_and_a_page_mutes_its_ticket(
+def test_a_hung_mount_is_one_page_a_jobs_page_its_own_and_a_page_mutes_its_ticket(
     alertmanager,
 ) -> None:
     manager, pager, tickets = alertmanager
@@ -155,6 +156,18 @@ def test_one_hung_mount_under_200_jobs_is_one_page_and_a_page_mutes_its_ticket(
     ]  # fmt: skip
     manager.post(stale)
     wait_for(lambda: notifications(pager, "CheckpointDataStale"), timeout=30, interval=0.1)
+
+    # A job's own page is an incident of its own: run-b's CheckpointTooOld, coming while
+    # run-a's is open (and perhaps acknowledged), must page rather than update run-a's.
+    too_old = {"alertname": "CheckpointTooOld", "severity": "critical", "cluster": "gpu-a"}
+    manager.post([{**too_old, "training_job": "run-a"}])
+    wait_for(lambda: notifications(pager, "CheckpointTooOld"), timeout=30, interval=0.1)
+    manager.post([{**too_old, "training_job": "run-b"}])
+    wait_for(lambda: len(notifications(pager, "CheckpointTooOld")) == 2, timeout=30,
+             interval=0.1)  # fmt: skip
+    pages = notifications(pager, "CheckpointTooOld")
+    assert [jobs_in(page) for page in pages] == [{"run-a"}, {"run-b"}]
+    assert {page["groupKey"] for page in pages} != {pages[0]["groupKey"]}
 
     # The fast budget burn pages for run-a; its slow burn's ticket is muted while it does, and
     # run-b's slow burn (no page beside it) opens a ticket. The warnings go in one request, so
