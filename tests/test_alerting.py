@@ -224,9 +224,15 @@ def test_thresholds_come_from_the_exported_objectives() -> None:
     # The one limit the mixin config sets itself: how old a job's view may get.
     stale_after = f"> {parse_duration(MixinConfig().stale_after):g}"
     assert f"{stale_after}\n" in expressions["CheckpointDataStale"]
+    # The liveness settings of the mixin config: how long heartbeats may pause, and a finished
+    # job's other ranks may take to exit.
+    settings = [f"{parse_duration(getattr(MixinConfig(), key)):g}"
+                for key in ("heartbeat_timeout", "finished_grace")]  # fmt: skip
     for name, expr in expressions.items():
         # No durations or byte counts written into a rule: numbers are factors, not limits.
         expr = expr.replace(stale_after, "")
+        for setting in settings:
+            expr = re.sub(rf"[<>+] {setting}\b", "", expr)
         assert not re.search(r"\b\d{3,}\b", expr), f"{name} hard-codes a threshold: {expr}"
 
 

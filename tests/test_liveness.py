@@ -4,6 +4,8 @@ abort_after. Pure core: fake clocks, no I/O."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from checkpoint_exporter.config import Policy
@@ -68,9 +70,21 @@ def test_a_write_in_the_tree_is_a_sign_of_life_history_included() -> None:
     )
     assert tracker.state().alive_at == T + 6
     # A file dated a year ahead is a write now, not a sign of life for the year to come.
-    future = dcp("step-2", WRITING, T + 5, T + 365 * 86400, 2)
+    future = replace(dcp("step-2", WRITING, T + 5, T + 365 * 86400, 2), bytes=20)
     tracker.observe(DURABLE, [dcp("step-1", COMMITTED, T - 900, T - 800, 1), future], T + 8)
     assert tracker.state().alive_at == T + 8
+
+
+def test_a_cleanup_in_a_dead_jobs_tree_is_no_sign_of_life() -> None:
+    """A cron removing old generations of a job that died three days ago moves directory
+    mtimes, not the job: it stays as silent as it was (it used to wake up and page TooOld)."""
+    tracker = job()
+    old = dcp("step-1", COMMITTED, T - 3 * 86400, T - 3 * 86400 + 60, 1)
+    tracker.observe(DURABLE, [old], T)
+    assert tracker.state().alive_at == T - 3 * 86400 + 60
+    emptied = replace(old, files=0, bytes=0, last_write_time=T + 5)  # rmtree under way
+    tracker.observe(DURABLE, [emptied], T + 6)
+    assert tracker.state().alive_at == T - 3 * 86400 + 60
 
 
 def test_finished_holds_while_other_ranks_wind_down_and_ends_when_the_job_runs_again() -> None:
@@ -81,7 +95,8 @@ def test_finished_holds_while_other_ranks_wind_down_and_ends_when_the_job_runs_a
     tracker.apply_events([ev("heartbeat", T + 100 + FINISHED_GRACE / 2, rank=1)], T + 160)
     assert tracker.state().finished
     # Resubmitted: its heartbeats go on well past the grace.
-    tracker.apply_events([ev("heartbeat", T + 100 + 2 * FINISHED_GRACE)], T + 400)
+    later = T + 100 + 2 * FINISHED_GRACE
+    tracker.apply_events([ev("heartbeat", later)], later)
     assert not tracker.state().finished
 
 
@@ -210,16 +225,18 @@ def test_a_file_dated_a_year_ahead_cannot_pin_the_newest_generation() -> None:
     assert newest_committed(state).id == "step-2"
 
 
-def test_the_highest_step_is_newest_whatever_the_dates() -> None:
-    """A restart resumes from the highest step: an old step whose marker was touched later is
-    not the newest generation."""
+def test_the_newest_commit_is_newest_whatever_the_steps() -> None:
+    """A job rolled back after a loss spike saves step 4100 while step 5000 stays on disk: the
+    newest checkpoint is the one it committed last, not the higher step committed an hour ago
+    (which made a healthy job page as too old)."""
     from checkpoint_exporter.model import newest_committed
 
     tracker = job()
     tracker.observe(DURABLE, [], T)
-    gens = [dcp("step-5", COMMITTED, T + 1, T + 100, 5), dcp("step-9", COMMITTED, T + 2, T + 20, 9)]
-    tracker.observe(DURABLE, gens, T + 101)
-    assert newest_committed(tracker.state()).id == "step-9"
+    gens = [dcp("step-5000", COMMITTED, T - 3700, T - 3600, 5000)]
+    gens.append(dcp("step-4100", COMMITTED, T + 1, T + 20, 4100))
+    tracker.observe(DURABLE, gens, T + 21)
+    assert newest_committed(tracker.state()).id == "step-4100"
 
 
 def test_the_skew_gauge_holds_a_far_off_date_long_enough_for_its_alert() -> None:
@@ -319,3 +336,32 @@ def test_a_generation_deleted_file_by_file_is_never_a_new_save(
     state = tracker.state()
     assert (state.saves_committed, state.saves_aborted) == (1, 0), (order, pause, marker)
     assert state.deadline_misses + state.saves_within_deadline == 1
+
+
+def test_heartbeats_and_finished_times_are_kept_for_the_rules() -> None:
+    """The rules hold a job finished only while nobody saw it alive after it said so, and count
+    a heartbeating job as running only while its heartbeats come: both times are exported."""
+    tracker = job()
+    tracker.apply_events([ev("heartbeat", T), ev("save_start", T + 5, step=1)], T + 5)
+    state = tracker.state()
+    assert (state.heartbeat_at, state.alive_at, state.finished_at) == (T, T + 5, None)
+    tracker.apply_events([ev("finished", T + 9)], T + 9)
+    assert tracker.state().finished_at == T + 9
+    assert job(finished=True).state().finished_at == float("inf")
+
+
+def test_a_second_abort_under_the_same_key_counts_again() -> None:
+    """A fixed checkpoint_id (or a step saved again after a roll-back): after an abort and a
+    commit under the key, the next abort under it is counted too (it was logged, not counted)."""
+    tracker = job(deadline=60, abort_after=60)
+    tracker.observe(DURABLE, [], T)
+    tracker.apply_events([ev("save_start", T + 1, step=7), ev("save_failed", T + 2, step=7)], T + 2)
+    tracker.tick(T + 3)
+    assert tracker.state().saves_aborted == 1
+    tracker.observe(DURABLE, [dcp("step-7", COMMITTED, T + 10, T + 20, 7)], T + 21)
+    # Saved again under the same name: the marker goes, shards are rewritten, then nothing.
+    tracker.observe(DURABLE, [dcp("step-7", WRITING, T + 100, T + 110, 7)], T + 111)
+    tracker.tick(T + 111 + 61)
+    state = tracker.state()
+    assert states(tracker) == {"step-7": ABORTED}
+    assert (state.saves_committed, state.saves_aborted) == (1, 2)

@@ -81,10 +81,14 @@ def test_a_reload_changing_a_discover_root_applies_to_its_jobs(tmp_path: Path, e
     config = write_config(tmp_path, f"{spool}discover: [{{root: {root}, interval: 15m}}]\n")
     served = exporter("--config.file", str(config))
     wait_for(lambda: served.value("checkpoint_interval_seconds", training_job="j1") == 900)
+    first_seen = served.value("checkpoint_job_first_seen_timestamp_seconds", training_job="j1")
     config.write_text(f"{spool}discover: [{{root: {root}, interval: 1m}}]\n")
     served.process.send_signal(signal.SIGHUP)
     wait_for(lambda: served.value("checkpoint_interval_seconds", training_job="j1") == 60)
     assert served.value(RELOADED) == 1
+    # Found again under its root, the same job: what was known of its life stays.
+    seen = served.value("checkpoint_job_first_seen_timestamp_seconds", training_job="j1")
+    assert seen == first_seen
 
 
 def test_a_reload_that_changes_a_job_keeps_what_is_known_of_its_life(

@@ -139,6 +139,9 @@ class JobState:
     first_seen: float = 0.0
     alive_at: float | None = None
     finished: bool = False
+    # When it said it finished (+inf: the config says so), and its newest heartbeat.
+    finished_at: float | None = None
+    heartbeat_at: float | None = None
     generations: tuple[Generation, ...] = ()
     saves_committed: int = 0
     saves_aborted: int = 0
@@ -209,15 +212,14 @@ class _Committed(Protocol):
     step: int | None
 
 
-def restore_preference(generation: _Committed) -> tuple[int, float]:
-    """The order a restore picks committed generations in, best last: the highest step, then
-    the newest commit (a generation whose step is not known comes before any whose step is).
-    The writers' own resume logic picks the highest step (torchtitan, Orbax, the HF Trainer,
-    Megatron's and DeepSpeed's trackers), whatever the files' dates say: an old step touched
-    later, or a file dated a year ahead, is not the newest. The gauges (``newest_committed``)
-    and the restore drill both use it, so the generation reported restorable is the one the
-    drill restores."""
-    return (-1 if generation.step is None else generation.step, generation.commit_time or 0.0)
+def restore_preference(generation: _Committed) -> tuple[float, int]:
+    """The order a restore picks committed generations in, best last: the newest commit, then
+    the highest step. The gauges (``newest_committed``) and the restore drill both use it, so
+    the generation reported restorable is the one the drill restores. By commit time rather
+    than step: a job rolled back after a loss spike (the higher step left on disk), or whose
+    step counter starts again, saves fine and must not look hours old; a file dated ahead of
+    the clock cannot win, since published times are never later than when they were seen."""
+    return (generation.commit_time or 0.0, -1 if generation.step is None else generation.step)
 
 
 @dataclass(frozen=True)

@@ -81,8 +81,9 @@ TICK_MARGIN = 0.01
 _VERSIONS = itertools.count(1)  # every JobTracker's versions, process-wide (see _touch)
 COUNTED_KEYS = 256  # saves (and restored generations) whose counted symptoms are remembered
 # A heartbeat this long after a `finished` event is a new run of the job, not the other ranks of
-# the one that finished winding down (each rank heartbeats until its process exits).
-FINISHED_GRACE = 120.0
+# the one that finished winding down (each rank heartbeats until its process exits, and a process
+# group may take minutes to tear down). The rules use the same grace across nodes.
+FINISHED_GRACE = 600.0
 # A save whose ranks started here and never all reported is taken as holding the storage path
 # (for the neighbours' contention diagnosis, and as in flight for the backlog one) for this many
 # of its deadlines, or as long as its ranks still report: not the hour it is followed.
@@ -280,11 +281,12 @@ class JobTracker:
     first_seen: float = field(default_factory=time.time)
     alive_at: float | None = None
     finished_at: float | None = None
+    heartbeat_at: float | None = None  # the newest heartbeat: the job's process runs
     restore_drills: int = 0
     restore_drill_failures: int = 0
     # Saves the ranks reported failed (save_failed), by key: their generation on disk, if any,
     # is aborted at once and counted once.
-    _failed_saves: OrderedDict[SaveKey, str] = field(default_factory=OrderedDict)
+    _failed_saves: OrderedDict[SaveKey, bool] = field(default_factory=OrderedDict)
 
     def __post_init__(self) -> None:
         self.layout = self.layout or self.policy.layout
@@ -347,10 +349,12 @@ class JobTracker:
                 )
                 gen, changed = self._new(tier, item, now, history), True
                 self._sign_of_life(item.last_write_time, now)
-                if not history:
+                if history:  # watched since before its first generation was written, at least
+                    self.first_seen = min(self.first_seen, max(0.0, min(item.start_time, now)))
+                else:
                     self._runs_again(item.start_time, now)
             elif item is not gen.found:  # the scanner passes the same Found while nothing moved
-                if item.last_write_time > gen.found.last_write_time:
+                if _written_to(gen.found, item):
                     self._sign_of_life(item.last_write_time, now)
                 self._update(gen, item, now)
                 changed = True
@@ -571,6 +575,9 @@ class JobTracker:
         self._superseded(gen)
         if not self._counts(gen):
             return
+        # An abort counted under this key is over: the next one under it counts again (a fixed
+        # checkpoint_id, or a step saved again after a roll-back).
+        self._failed_saves.pop(self._save_key(gen), None)
         self.saves_committed += 1
         commit = gen.found.commit_time or gen.found.last_write_time
         staged = self._gens.get((STAGING, gen.found.id))
@@ -592,8 +599,10 @@ class JobTracker:
     def _skew_sample(self, offset: float, now: float) -> None:
         if offset <= SKEW_FUTURE:
             self._skew_samples.append(offset)  # else a date, not a clock: reported, never used
+        # Held: the largest offset ahead of the clock. A date far behind it is an old file copied
+        # with its times (`cp -a`, `rsync -a`), not a clock: it goes by with the other samples.
         held = self._skew_held
-        if held is None or abs(offset) >= abs(held[0]) or now - held[1] > SKEW_HOLD:
+        if offset > 0 and (held is None or offset >= held[0] or now - held[1] > SKEW_HOLD):
             self._skew_held = (offset, now)
 
     @property
@@ -921,6 +930,7 @@ class JobTracker:
         changed the job's config makes a new tracker; the job did not start again)."""
         self.first_seen = min(self.first_seen, other.first_seen)
         self.alive_at, self.finished_at = other.alive_at, other.finished_at
+        self.heartbeat_at = other.heartbeat_at
         self._touch()
 
     def _sign_of_life(self, at: float, now: float) -> None:
@@ -949,6 +959,8 @@ class JobTracker:
                     self.finished_at = at
                     self._touch()
             elif event.event == "heartbeat":
+                if self.heartbeat_at is None or at > self.heartbeat_at:
+                    self.heartbeat_at = at
                 if self.finished_at is not None:
                     self._runs_again(at - FINISHED_GRACE, now)
             elif event.event in ("save_start", "restore_start"):
@@ -1108,14 +1120,14 @@ class JobTracker:
         if gen.history:
             return  # found so at start-up: the gauges say so, no counter grows from history
         found = gen.found
+        key = self._save_key(gen) if self._counts(gen) else None
+        if key is not None and self._failed_saves.get(key):
+            return  # its ranks' save_failed counted (and logged) it already
         log.warning(
             "save aborted: job=%s tier=%s generation=%s step=%s reason=%s",
             self.name, gen.tier, found.id, found.step, reason or "aborted by the writer",
         )  # fmt: skip
         if self._counts(gen):
-            key = self._save_key(gen)
-            if key is not None and self._failed_saves.get(key):
-                return  # its ranks' save_failed counted it already
             self._count_abort(key, gen.start_time, found.last_write_time, found.step)
 
     def _count_abort(self, key: SaveKey | None, start: float, end: float, step: int | None) -> None:
@@ -1288,6 +1300,8 @@ class JobTracker:
             first_seen=self.first_seen,
             alive_at=self.alive_at,
             finished=self.finished,
+            finished_at=math.inf if self.policy.finished else self.finished_at,
+            heartbeat_at=self.heartbeat_at,
             generations=tuple(
                 view
                 for gen in self._gens.values()
@@ -1345,6 +1359,14 @@ def _synchronous(timeline: Timeline) -> bool:
 def _listing_path(gen_id: str) -> str:
     """A generation's id as a path in the tier's listing (the root itself is "" there)."""
     return "" if gen_id == "." else gen_id
+
+
+def _written_to(before: Found, after: Found) -> bool:
+    """The job wrote to the generation between two reads: files or bytes grew, or its commit
+    marker is newer. Not a directory's mtime alone, which a deletion in it moves too (a cron
+    cleaning a dead job's tree is no sign that the job runs)."""
+    newer_marker = (after.commit_time or 0.0) > (before.commit_time or 0.0)
+    return after.files > before.files or after.bytes > before.bytes or newer_marker
 
 
 def _behind(gen_id: str, unreadable: Collection[str]) -> bool:

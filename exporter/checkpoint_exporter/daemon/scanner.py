@@ -288,6 +288,9 @@ class Scanner:
         self._node: tuple[tuple, tuple] = ((), ())  # filesystems, telemetry sources with data
         self._reload: tuple[bool, float] = (True, time.time())  # successful, success time
         self._spool_writable: bool | None = None  # checked where the spool is read
+        # What a reload that changed a discover root knew of its jobs' lives, until each is found
+        # again under it (a new tracker, the same job).
+        self._lives: dict[str, JobTracker] = {}
         self._spool_checked = -math.inf
         for job in config.jobs:
             if self.serving.tracks(job.name):
@@ -532,6 +535,9 @@ class Scanner:
         self._sources[name] = source
         if name not in self.tracker.jobs:
             self.tracker.add(JobTracker(name, paths, policy, first_seen=self.clock()))
+            earlier = self._lives.pop(name, None)
+            if earlier is not None:
+                self.tracker.jobs[name].take_life(earlier)
         # One counter for what the reader refused and what the job's clocks gave up.
         self.tracker.jobs[name].clocks.dropped = self.spool.dropped_total
         self._publish_paths(source)
@@ -1173,6 +1179,8 @@ class Scanner:
                 or source.discovered_from in changed_roots
                 or name in wanted
             ):
+                if source.discovered_from in changed_roots and name in self.tracker.jobs:
+                    self._lives[name] = self.tracker.jobs[name]  # found again under its root
                 self._remove(name)
         now = time.monotonic()
         for index in range(len(self._discoveries)):

@@ -64,14 +64,15 @@ ALERTS: dict[str, tuple[str, str, str]] = {
     "CheckpointJobUnmonitored": (CRITICAL, "5m", "No checkpoint-exporter is left that watches a job, or none is scraped at all: its checkpoint alerts cannot fire."),
     "CheckpointShardUnmonitored": (CRITICAL, "5m", "Every replica of a shared-scanner shard is down: the jobs of that shard are not watched."),
     "CheckpointCollectorFailing": (WARNING, "15m", "A checkpoint-exporter collector that used to work now fails."),
-    "CheckpointDeadlineBudgetBurn": (CRITICAL, "15m", "Checkpoint deadline misses are burning the SLO's error budget: fast (several saves in hours) pages, slow (over days) opens a ticket."),
+    "CheckpointDeadlineBudgetBurn": (CRITICAL, "15m", "Checkpoint deadline misses are burning the SLO's error budget: fast (several saves in hours) pages a job that pages, slow (over days) opens a ticket."),
     "CheckpointRetentionExceeded": (WARNING, "1h", "More checkpoint generations are retained than the job's limit."),
     "CheckpointNoRecoverableGeneration": (CRITICAL, "5m", "The job has no committed, valid checkpoint generation left."),
     "CheckpointStorageClockSkew": (WARNING, "15m", "Checkpoint file times disagree with the node's clock by more than a minute."),
     # A ticket, not a page: the interval wastes GPU time, it does not lose checkpoints. A day,
     # as the save cost it compares against is a day's mean.
     "CheckpointIntervalOffOptimum": (WARNING, "1d", "The configured checkpoint interval is over twice or under half the recommended one: Young's optimum for the measured save cost and MTBF, at least one save long."),
-    "CheckpointJobAbandoned": (WARNING, "1h", "A job has shown no sign of life for its abandon_after and did not say it finished: it no longer pages."),
+    "CheckpointJobAbandoned": (WARNING, "15m", "A job has shown no sign of life for its abandon_after and did not say it finished: it no longer pages."),
+    "CheckpointJobPathUnwatched": (WARNING, "1h", "An instrumented job runs, and no exporter watches where it saves its checkpoints."),
     "CheckpointJobsNotWatched": (WARNING, "15m", "Jobs under a discover root are not watched: the root holds more than its max_jobs."),
     "CheckpointTreeUnreadable": (WARNING, "15m", "Part of a watched checkpoint tree cannot be read by the exporter."),
     "CheckpointSpoolSquatted": (WARNING, "15m", "Another user owns a spool directory of a job: its events there are not read."),
@@ -160,6 +161,12 @@ class MixinConfig:
     # cluster_label): a scheduler's view of which jobs run, joined where jobs are not
     # instrumented. Set, a job pages only while it names the job. Examples in the README.
     job_running: str = ""
+    # A job that heartbeats runs while its heartbeats come (instrument's default: one a minute):
+    # a preempted, queued or crashed job stops paging this long after its last one.
+    heartbeat_timeout: str = "10m"
+    # A job that said it finished stays finished while no exporter saw it alive later than this
+    # after (the other ranks' processes exiting).
+    finished_grace: str = "10m"
     severity: dict[str, str] = field(default_factory=dict)  # alert -> severity override
     for_: dict[str, str] = field(default_factory=dict)  # alert -> `for` override ("for" in YAML)
 
@@ -366,6 +373,8 @@ _FIELDS = (
     Field("network_device_exclude", regex),
     Field("burn_min_misses", _count),
     Field("job_running", text),
+    Field("heartbeat_timeout", _duration_string(positive_duration)),
+    Field("finished_grace", _duration_string(positive_duration)),
     Field("severity", _alert_settings(_severity)),
     Field("for", _alert_settings(_duration_string(parse_duration))),
 )

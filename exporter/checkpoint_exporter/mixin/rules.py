@@ -7,7 +7,8 @@ shared filesystem export the same job: recording rules reduce them with ``max by
 
 Series that stop moving because an exporter cannot see a job (a hung mount) hold their last
 values: the alerts on the age of a timestamp would then fire on a job that may be saving fine, so
-they hold back while the job's view is stale, and CheckpointDataStale pages instead.
+they hold back while the job's view is stale, and CheckpointDataStale fires instead (a page for a
+job that pages, a ticket otherwise).
 
 The groups are split by where they can evaluate: per-node groups read one exporter's series and
 keep its instance (any Prometheus shard), per-job groups reduce every exporter's view of a job
@@ -15,10 +16,13 @@ keep its instance (any Prometheus shard), per-job groups reduce every exporter's
 them in one file or in one file per scope.
 
 Pages follow a job's life, not only its files. A job is active (``ACTIVE``) while it has not
-finished and has shown a sign of life within its abandon_after (or, with the mixin's
-``job_running``, while the scheduler says it runs). The alerts on a running job's saves
-(TooOld, NeverCommitted, SaveHung) fire only for active jobs; a job's critical alerts page only
-while it is active and its objectives were stated (``PAGES``), and open a ticket otherwise.
+finished (no exporter saw it alive after it said so) and it runs: a job that heartbeats, while
+its heartbeats come (``heartbeat_timeout``); one that does not, while it shows a sign of life
+(a spool event, a write in its tree; its first sighting until the first) within its
+abandon_after; or, with the mixin's ``job_running``, while the scheduler says it runs. The
+alerts on a running job's saves (TooOld, NeverCommitted, SaveHung) fire only for active jobs; a
+job's critical alerts page only while it is active and its objectives were stated (``PAGES``),
+and open a ticket otherwise.
 """
 
 from __future__ import annotations
@@ -55,7 +59,14 @@ SLO_WINDOWS = ("2h", "6h", "1d", "3d")
 # A job's life, from every exporter that knows it.
 FIRST_SEEN = "training_job:checkpoint_job_first_seen_timestamp_seconds:min"
 ALIVE = "training_job:checkpoint_job_alive_timestamp_seconds:max"
-FINISHED = "training_job:checkpoint_job_finished:max"
+FINISHED_AT = "training_job:checkpoint_job_finished_timestamp_seconds:max"
+HEARTBEAT = "training_job:checkpoint_job_heartbeat_timestamp_seconds:max"
+# The last sign of life, or where none came yet, the first sighting.
+SIGN = "training_job:checkpoint_job_alive_timestamp_seconds:max_or_first_seen"
+# The jobs that said they finished and that no exporter saw alive since (give or take the
+# finished_grace a process group takes to exit): one node's old `finished` does not silence a
+# new run of the job on other nodes.
+FINISHED = "training_job:checkpoint_job_finished:bool"
 ABANDON_AFTER = "training_job:checkpoint_job_abandon_after_seconds:max"
 PAGING = "training_job:checkpoint_job_paging:max"
 # 1 for each job that runs: not finished, and a sign of life within its abandon_after (or named by
@@ -71,6 +82,7 @@ CURRENT_WRITE_END = (
 # Which exporters exported each job, and each shard, over the last day: refreshed every
 # DAILY_INTERVAL, so that a job whose exporters all went down is still known to have had them.
 JOB_INFO_DAY = "training_job_instance:checkpoint_job_info:max1d"
+ACTIVE_DAY = "training_job:checkpoint_job_active:max1d"  # active at any time in the last day
 SHARD_INFO_DAY = "shard_instance:checkpoint_exporter_shard_info:max1d"
 # The live interval: plan/worksheet.py's formulas on the measured save cost.
 LAST_PAUSE = "training_job:checkpoint_last_save_pause_seconds:max"
@@ -137,7 +149,8 @@ def _job_recording(c: MixinConfig) -> list[dict[str, str]]:
         RETAINED_LIMIT: "checkpoint_retained_generations_limit",
         VALID_GENERATIONS: "checkpoint_retained_valid_generations",
         ALIVE: "checkpoint_job_alive_timestamp_seconds",
-        FINISHED: "checkpoint_job_finished",
+        FINISHED_AT: "checkpoint_job_finished_timestamp_seconds",
+        HEARTBEAT: "checkpoint_job_heartbeat_timestamp_seconds",
         ABANDON_AFTER: "checkpoint_job_abandon_after_seconds",
         PAGING: "checkpoint_job_paging",
     }
@@ -151,15 +164,23 @@ def _job_recording(c: MixinConfig) -> list[dict[str, str]]:
     rules += [
         {"record": FIRST_SEEN,
          "expr": f"min by ({cl}, training_job) (checkpoint_job_first_seen_timestamp_seconds{s})"},
+        {"record": SIGN, "expr": f"{ALIVE} or {FIRST_SEEN}"},
+        {"record": FINISHED,
+         "expr": f"{FINISHED_AT} + {parse_duration(c.finished_grace):g} >= {on} {ALIVE}\n"
+                 f"or\n{FINISHED_AT} unless {on} {ALIVE}"},
         {"record": ACTIVE, "expr": _active(c)},
         {"record": PAGES, "expr": f"{ACTIVE}\nand {on} ({PAGING} == 1)"},
         # Each node's write end of the job's newest save: the nodes whose newest save is the
         # job's highest step (a node the job left, or not done writing the next save yet,
         # shows an older one); every node, for a job whose events name no step.
         {"record": CURRENT_WRITE_END,
-         "expr": f"{write_end}\nand on ({cl}, instance, training_job)\n"
-                 f"  ({local_step} == {on} group_left () max by ({cl}, training_job) ({local_step}))\n"
-                 f"or\n{write_end} unless {on} {local_step}"},
+         "expr": f"(\n  {write_end}\n  and on ({cl}, instance, training_job)\n"
+                 f"    ({local_step} == {on} group_left () max by ({cl}, training_job) ({local_step}))\n"
+                 f"  or\n  {write_end} unless {on} {local_step}\n)\n"
+                 # A node of an old run of the job (a roll-back, a step counter started again)
+                 # saving the same step hours ago is not of this save either.
+                 f"and\n{write_end} > {on} group_left ()\n"
+                 f"  (max by ({cl}, training_job) ({write_end}) - {on} {INTERVAL})"},
         {"record": WRITE_END_SPREAD,
          "expr": f"max by ({cl}, training_job) ({CURRENT_WRITE_END}) - min by ({cl}, training_job) ({CURRENT_WRITE_END})"},
         {"record": GENERATIONS_THAT_FIT, "expr": f"""floor(
@@ -191,14 +212,20 @@ def _job_recording(c: MixinConfig) -> list[dict[str, str]]:
 
 
 def _active(c: MixinConfig) -> str:
-    """The jobs that run: not finished, and alive within their abandon_after by their own signs
-    (heartbeats, spool events, writes; the first sighting where none came yet), or, where the
-    mixin joins a scheduler's view (``job_running``), named by it."""
-    on = f"on ({c.cluster_label}, training_job)"
-    running = f"(time() - ({ALIVE} or {FIRST_SEEN}) < {ABANDON_AFTER})"
+    """The jobs that run, value 1: not finished, and running by their own signs (a job that
+    heartbeats while its heartbeats come; another while it showed a sign of life within its
+    abandon_after, its first sighting until the first) or, where the mixin joins a scheduler's
+    view (``job_running``), named by it. A job that stopped heartbeating (preempted, queued,
+    crashed) does not run, however recently it wrote."""
+    cl = c.cluster_label
+    on = f"on ({cl}, training_job)"
+    running = (
+        f"time() - {HEARTBEAT} < {parse_duration(c.heartbeat_timeout):g}\n"
+        f"or\n(time() - {SIGN} < {ABANDON_AFTER} unless {on} {HEARTBEAT})"
+    )
     if c.job_running:
-        running = f"({c.job_running})"
-    return f"({FINISHED} == bool 0) == 1\nand {on}\n{running}"
+        running = c.job_running
+    return f"count by ({cl}, training_job) (\n{_indent(running)}\n  unless {on} {FINISHED}\n)"
 
 
 def _job_daily(c: MixinConfig) -> list[dict[str, str]]:
@@ -206,10 +233,11 @@ def _job_daily(c: MixinConfig) -> list[dict[str, str]]:
     s = "{" + c.selector + "}"
     cl = c.cluster_label
     return [
+        {"record": ACTIVE_DAY, "expr": f"max_over_time({ACTIVE}[1d])"},
         {"record": JOB_INFO_DAY,
          "expr": f"max by ({cl}, instance, training_job) (max_over_time(checkpoint_job_info{s}[1d]))"},
         {"record": SHARD_INFO_DAY,
-         "expr": f"max by ({cl}, instance, shard, shards) (max_over_time(checkpoint_exporter_shard_info{s}[1d]))"},
+         "expr": f"max by ({cl}, instance, shard, shards, scope) (max_over_time(checkpoint_exporter_shard_info{s}[1d]))"},
     ]  # fmt: skip
 
 
@@ -317,6 +345,14 @@ def _alert_rules(c: MixinConfig) -> dict[str, list[_Rule]]:
     unless_durable_stale = f"unless {on}\n  ({stale_views(c, 'durable')})"
     drill_age = f"max by ({cl}, training_job) (checkpoint_restore_drill_max_age_seconds{s})"
     up_now = f"{c.selector.join(('up{', '}'))}"
+    # The shards that had replicas in the last day, and the ones with a replica up now. A shard
+    # pages when none of its replicas is up: of the sharding that runs, or of any sharding once
+    # every replica of the scope is gone (a resharding retires the old shards' labels).
+    shards_day = f"max by ({cl}, shard, shards, scope) (max_over_time({SHARD_INFO_DAY}[15m]))"
+    live_shards = (
+        f"max by ({cl}, shard, shards, scope) "
+        f"(checkpoint_exporter_shard_info{s} and on ({cl}, instance) ({up_now} == 1))"
+    )
     burn = [
         _Rule(
             f"{slo_errors(long)} > {factor * budget:g}\nand {slo_errors(short)} > {factor * budget:g}",
@@ -346,6 +382,9 @@ def _alert_rules(c: MixinConfig) -> dict[str, list[_Rule]]:
             f"unless {on} {LAST_COMMITTED}\n"
             f'and {on} {LAST_SCAN_SUCCESS}{{tier="durable"}}\n'
             f"{unless_durable_stale}\nand {on} {ACTIVE}"
+            # Seen alive (or running by the scheduler): a job configured before it starts, its
+            # directory not made yet, is no job that fails to save.
+            + ("" if c.job_running else f"\nand {on} {ALIVE}")
         ),
         "CheckpointDeadlineMissed": f"max by ({cl}, training_job) (increase(checkpoint_deadline_misses_total{s}[{w}])) > 0",
         "CheckpointSaveHung": (
@@ -395,15 +434,15 @@ def _alert_rules(c: MixinConfig) -> dict[str, list[_Rule]]:
             f"max by ({cl}, training_job) (\n"
             f"  max_over_time({JOB_INFO_DAY}[15m])\n  and on ({cl}, instance) ({up_now} == 0)\n)\n"
             f"unless {on} max by ({cl}, training_job) (checkpoint_job_info{s})\n"
+            f"and {on} max_over_time({ACTIVE_DAY}[15m])\n"
             f"or\nabsent({up_now})"
         ),
         # A shard of the current sharding (a resharding retires the old shard labels) whose
         # replicas are all down or gone.
         "CheckpointShardUnmonitored": (
-            f"max by ({cl}, shard, shards) (max_over_time({SHARD_INFO_DAY}[15m]))\n"
-            f"and on ({cl}, shards) max by ({cl}, shards) (checkpoint_exporter_shard_info{s})\n"
-            f"unless on ({cl}, shard, shards)\n"
-            f"max by ({cl}, shard, shards) (checkpoint_exporter_shard_info{s} and on ({cl}, instance) ({up_now} == 1))"
+            f"(\n  {shards_day}\n  and on ({cl}, shards, scope) {live_shards}\n"
+            f"  or\n  {shards_day} unless on ({cl}, scope) {live_shards}\n)\n"
+            f"unless on ({cl}, shard, shards, scope) {live_shards}"
         ),
         # The daily record is refreshed every DAILY_INTERVAL: its newest value in 15m.
         "CheckpointCollectorFailing": (
@@ -423,10 +462,20 @@ def _alert_rules(c: MixinConfig) -> dict[str, list[_Rule]]:
             f"or\n{INTERVAL} / {RECOMMENDED} < 1 / {INTERVAL_BAND}"
         ),
         # The value is how long it has been silent.
+        # For as long again as abandon_after after it was abandoned, then no more: the old runs
+        # under a discover root are not a ticket forever.
         "CheckpointJobAbandoned": (
-            f"time() - ({ALIVE} or {FIRST_SEEN}) >= {ABANDON_AFTER}\n"
-            f"unless {on} ({FINISHED} == 1)\nand {on} ({PAGING} == 1)"
+            f"time() - {SIGN} >= {ABANDON_AFTER}\n"
+            f"and {on} time() - {SIGN} < 2 * {ABANDON_AFTER}\n"
+            f"unless {on} {FINISHED}\nand {on} ({PAGING} == 1)"
             + (f"\nunless {on} ({c.job_running})" if c.job_running else "")
+        ),
+        # Runs (its ranks write events) for an hour, and no exporter watches its checkpoints: it
+        # saves where nothing is watched (a wrong path), or its directory is outside every root.
+        "CheckpointJobPathUnwatched": (
+            f"time() - {HEARTBEAT} < {parse_duration(c.heartbeat_timeout):g}\n"
+            f"and {on} time() - {FIRST_SEEN} > {parse_duration(c.heartbeat_timeout):g}\n"
+            f"unless {on} max by ({cl}, training_job) (checkpoint_job_info{s})"
         ),
         "CheckpointJobsNotWatched": f"checkpoint_exporter_discover_excess_jobs{s} > 0",
         "CheckpointTreeUnreadable": f"checkpoint_exporter_unreadable_paths{s} > 0",
@@ -461,7 +510,10 @@ PAGING_ALERTS = frozenset({
 })  # fmt: skip
 
 # How the alert knows the job runs, in its description.
-RUNNING_BY_SIGNS = "not finished, and a heartbeat, spool event or write within its abandon_after"
+RUNNING_BY_SIGNS = (
+    "not finished, and heartbeating, or with no heartbeats a spool event or write within its "
+    "abandon_after"
+)
 RUNNING_BY_SCHEDULER = "not finished, and its scheduler says it runs"
 # Counts in descriptions are whole numbers: increase() extrapolates (2.012 saves).
 _COUNT = '{{ $value | printf "%.0f" }}'
@@ -475,7 +527,7 @@ _DESCRIPTIONS = {
     "CheckpointInvalid": "{{ $labels.training_job }}: the newest committed checkpoint failed validation (missing or truncated shard, bad zip, bad metadata or checksum); a restart would pick it.",
     "CheckpointRestoreFailed": "{{ $labels.training_job }}: " + _COUNT + " restore(s) by the training job failed in the last {window}: the job cannot restart from its checkpoint.",
     "CheckpointRestoreDrillFailed": "{{ $labels.training_job }}: " + _COUNT + " restore drill(s) failed in the last {window}; the training job itself has not failed to restore.",
-    "CheckpointRestoreDrillOverdue": "{{ $labels.training_job }}: no successful restore for {{ $value | humanizeDuration }}, longer than its restore_drill_max_age.",
+    "CheckpointRestoreDrillOverdue": "{{ $labels.training_job }}: no successful restore for {{ $value | humanizeDuration }} (or in all that time it has been watched), longer than its restore_drill_max_age.",
     "CheckpointDrainFallingBehind": "{{ $labels.training_job }} on {{ $labels.instance }}: staging receives {{ $value | humanize1024 }}B/s, more than drains to durable storage.",
     "CheckpointDrainStalled": "{{ $labels.training_job }} on {{ $labels.instance }}: a staged generation has waited {{ $value | humanizeDuration }} for durable storage.",
     "CheckpointDrainLostGeneration": "{{ $labels.training_job }} on {{ $labels.instance }}: " + _COUNT + " staged generation(s) were deleted from staging before their durable copy committed in the last {window}; they exist nowhere now.",
@@ -492,6 +544,7 @@ _DESCRIPTIONS = {
     "CheckpointStorageClockSkew": "{{ $labels.training_job }} on {{ $labels.instance }}: file times are {{ $value | humanizeDuration }} off this node's clock; ages, and time windows from disk alone, are off by as much.",
     "CheckpointIntervalOffOptimum": "{{ $labels.training_job }}: the configured interval is {{ $value | printf \"%.2f\" }}x the recommended one (Young's interval for its measured save cost, mean over a day, and its mtbf; or the save's own duration when longer); the GPU time lost to saving and to recomputing after failures is above the optimum's.",
     "CheckpointJobAbandoned": "{{ $labels.training_job }}: no sign of life for {{ $value | humanizeDuration }} (no heartbeat, no spool event, no write in its tree), longer than its abandon_after, and it never said it finished: its checkpoint alerts no longer page. Mark it finished or remove it from the config.",
+    "CheckpointJobPathUnwatched": "{{ $labels.training_job }}: its ranks have reported for an hour, and no exporter watches its checkpoints: it saves where nothing is watched (its checkpoint path is wrong, or outside every configured path and discover root), so nothing checks them.",
     "CheckpointJobsNotWatched": "checkpoint-exporter {{ $labels.instance }}: {{ $value }} job directories under {{ $labels.root }} are not watched (over max_jobs; the newest are watched).",
     "CheckpointTreeUnreadable": "{{ $labels.training_job }} ({{ $labels.tier }} tier) on {{ $labels.instance }}: {{ $value }} directories cannot be read by the exporter; what is below them is not seen.",
     "CheckpointSpoolSquatted": "{{ $labels.training_job }} on {{ $labels.instance }}: {{ $value }} spool director(y/ies) of the job belong to another user and are not read (the log names each, its owner and the job's); the job's own events go to <job>@<uid>.",

@@ -94,6 +94,21 @@ FINISHED = MetricSpec(
     "config says `finished: true`; else 0. Nothing pages for a finished job.",
     _JOB,
 )
+FINISHED_AT = MetricSpec(
+    "checkpoint_job_finished_timestamp_seconds",
+    "gauge",
+    "When the job said it finished (instrument.finished), +Inf where the config says `finished: "
+    "true`; absent while it runs. The rules hold a job finished while no exporter saw it alive "
+    "later (so one node's old `finished` does not silence a new run elsewhere).",
+    _JOB,
+)
+HEARTBEAT = MetricSpec(
+    "checkpoint_job_heartbeat_timestamp_seconds",
+    "gauge",
+    "The job's newest heartbeat seen here (instrument.start, and every save, heartbeat while "
+    "the training process runs): a job that heartbeats and stopped doing so is not running.",
+    _JOB,
+)
 PATH_MISSING = MetricSpec(
     "checkpoint_exporter_path_missing",
     "gauge",
@@ -115,14 +130,16 @@ class JobsCollector(SnapshotCollector):
     per_job = True
     specs = (
         JOB_INFO, WATCH_INFO, PATH_MISSING, UNREADABLE_PATHS, FIRST_SEEN, ALIVE, FINISHED,
+        FINISHED_AT, HEARTBEAT,
         DEADLINE_BUCKET_INFO, INTERVAL_SECONDS, DEADLINE_SECONDS, RETAINED_GENERATIONS_LIMIT,
         RESTORE_DRILL_MAX_AGE_SECONDS, ABANDON_AFTER_SECONDS, PAGING, MTBF_SECONDS,
     )  # fmt: skip
 
     def collect(self, snapshot: Snapshot) -> Iterable[Metric]:
-        info, watch, missing, unreadable, first_seen, alive, finished, deadline_bucket, *rest = (
-            spec.family() for spec in self.specs
-        )
+        (
+            info, watch, missing, unreadable, first_seen, alive, finished, finished_at, heartbeat,
+            deadline_bucket, *rest,
+        ) = (spec.family() for spec in self.specs)  # fmt: skip
         *objectives, mtbf = rest
         for job in snapshot.jobs:
             name = [job.name]
@@ -138,6 +155,10 @@ class JobsCollector(SnapshotCollector):
             if job.alive_at is not None:
                 alive.add_metric(name, job.alive_at)
             finished.add_metric(name, float(job.finished))
+            if job.finished_at is not None:
+                finished_at.add_metric(name, job.finished_at)
+            if job.heartbeat_at is not None:
+                heartbeat.add_metric(name, job.heartbeat_at)
             if not reads_a_tree(job):
                 continue  # known from the spool alone: its trees' readers export the objectives
             deadline_bucket.add_metric([job.name, floatToGoString(job.deadline_seconds)], 1)
@@ -150,6 +171,6 @@ class JobsCollector(SnapshotCollector):
             if job.mtbf_seconds is not None:  # optional: no Young / Daly interval without it
                 mtbf.add_metric(name, job.mtbf_seconds)
         return [
-            info, watch, missing, unreadable, first_seen, alive, finished, deadline_bucket,
-            *objectives, mtbf,
+            info, watch, missing, unreadable, first_seen, alive, finished, finished_at, heartbeat,
+            deadline_bucket, *objectives, mtbf,
         ]  # fmt: skip
