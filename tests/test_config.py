@@ -327,6 +327,8 @@ def test_the_documented_configs_have_only_valid_keys(tmp_path: Path) -> None:
     first = readme.split("## A first configuration", 1)[1].split("```yaml\n", 1)[1]
     config = parse_config(first.split("```", 1)[0], "README.md", tmp_path)
     assert [job.name for job in config.jobs] == ["llama70b"] and len(config.discover) == 1
+    # As the README says: the configured job pages, the root's runs (no objectives) do not.
+    assert config.jobs[0].policy.page and not config.discover[0].policy.page
     config = parse_config(block, "test.yaml", tmp_path)
     notes = [str(note) for note in config.warnings]
     assert notes and all("does not exist yet" in note for note in notes), notes

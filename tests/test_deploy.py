@@ -22,7 +22,14 @@ import pytest
 import yaml
 
 from checkpoint_exporter.cli import build_parser
-from checkpoint_exporter.config import NODE, SHARED, ConfigError, Serving, parse_serving
+from checkpoint_exporter.config import (
+    NODE,
+    SHARED,
+    ConfigError,
+    Serving,
+    parse_config,
+    parse_serving,
+)
 from checkpoint_exporter.mixin import generate
 from checkpoint_exporter.mixin.config import SPLIT, MixinConfig, load_mixin
 from tests.conftest import REPO, require_tool
@@ -395,6 +402,14 @@ def test_each_shape_marks_the_shared_roots_shared(shape: list[dict]) -> None:
     """Set, not guessed from the mount: a node-scope pod then never stats below the root."""
     config = _config(shape)
     assert config["discover"] and all(root["scope"] == SHARED for root in config["discover"])
+
+
+def test_the_shipped_config_pages_for_no_guessed_objectives(shape: list[dict]) -> None:
+    """No interval or deadline stated for the discovered runs: they are watched and open
+    tickets until someone states their real objectives (docs/kubernetes.md says how)."""
+    text = next(d for d in shape if d["kind"] == "ConfigMap" and "config.yaml" in d["data"])
+    config = parse_config(text["data"]["config.yaml"], "config.yaml", Path("/"))
+    assert config.discover and not any(root.policy.page for root in config.discover)
 
 
 def _mounts(template: dict) -> dict[str, dict]:
