@@ -305,9 +305,11 @@ class Scanner:
             worker.start()
         for validator in self._validators.values():
             validator.start()
-        self._started = True
         self._turned_at = time.monotonic()
         self._thread.start()
+        # Only now: a probe served while the thread was still starting (the port is open before
+        # the scanner starts) saw it not alive yet and answered "exited" (a kubelet restart).
+        self._started = True
 
     def stop(self, timeout: float = 1.0) -> None:
         """Stop within about ``timeout``: nothing waits on a thread stuck in the kernel."""
