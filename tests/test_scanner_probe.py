@@ -1,5 +1,5 @@
-"""The scanner's answer to /healthz (Scanner.liveness) around its own start and death: the port
-opens before the scanner starts, so a probe can arrive while its thread is still starting."""
+"""The scanner around its own start and death: its answer to /healthz (Scanner.liveness), since
+the port opens before the scanner starts, and the workers its first turn adds."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from checkpoint_exporter.config import Config
+from checkpoint_exporter.config import Config, DiscoverConfig, Policy
 from checkpoint_exporter.core.tracker import Tracker
 from checkpoint_exporter.daemon.scanner import Scanner
 from tests.conftest import wait_for
@@ -42,6 +42,37 @@ def test_a_probe_while_the_thread_starts_is_not_told_it_exited(tmp_path: Path) -
     try:
         assert answers == [None]
         assert scanner.liveness() is None
+    finally:
+        scanner.stop()
+
+
+def test_a_worker_the_first_turn_adds_runs_however_slowly_start_returns(tmp_path: Path) -> None:
+    """Discovery lists its root on the scanner's first turn, which adds the root's mount worker.
+    When that turn ran before start() had marked the scanner started (a loaded CI node), the
+    worker was never started: the root was never listed and the exporter never became ready."""
+    root = tmp_path / "runs"
+    root.mkdir()
+    config = Config(
+        spool=tmp_path / "spool", discover=(DiscoverConfig(root, 10, 3600.0, Policy()),)
+    )
+    scanner = Scanner(config, Tracker(config))
+    real = scanner._thread
+
+    class SlowToReturn(threading.Thread):
+        def start(self) -> None:  # the first turn is done before start() returns
+            real.start()
+            wait_for(lambda: scanner._workers, timeout=5)
+
+        def is_alive(self) -> bool:
+            return real.is_alive()
+
+        def join(self, timeout: float | None = None) -> None:
+            real.join(timeout)
+
+    scanner._thread = SlowToReturn()
+    scanner.start()
+    try:
+        assert wait_for(lambda: scanner.readiness() is None, timeout=10)
     finally:
         scanner.stop()
 

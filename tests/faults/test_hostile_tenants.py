@@ -262,8 +262,11 @@ def test_an_allocation_bomb_too_big_for_its_bound_under_the_cap_is_judged(
     config = write_config(tmp_path, f"jobs: [{{name: j, path: {job}, layout: dcp}}]\n")
     served = exporter("--config.file", str(config))
     wait_for(lambda: served.value("checkpoint_last_committed_valid", training_job="j") == 1)
-    dcp_generation(job / "step-2")
-    (job / "step-2" / ".metadata").write_bytes(allocation_bomb(48 << 20))
+    # Put in place whole, as DCP renames its .metadata: one written in place can be read empty
+    # first ("Ran out of input", judged again once it is whole), and the log raced the gauge.
+    dcp_generation(tmp_path / "staged")
+    (tmp_path / "staged" / ".metadata").write_bytes(allocation_bomb(48 << 20))
+    (tmp_path / "staged").rename(job / "step-2")
     wait_for(lambda: served.value("checkpoint_last_committed_step", training_job="j") == 2)
     wait_for(
         lambda: served.value("checkpoint_last_committed_valid", training_job="j") == 0, timeout=60

@@ -258,8 +258,11 @@ class Scanner:
         self._verdicts: queue.Queue[tuple[ValidationRequest, Verdict | None]] = queue.Queue()
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="scanner", daemon=True)
+        self._thread = threading.Thread(target=self._main, name="scanner", daemon=True)
         self._started = False
+        # Set by the thread itself: a probe served while Thread.start() runs (the port opens
+        # before the scanner starts) finds it not alive yet, which is not "exited".
+        self._running = False
         self._turned_at = time.monotonic()
         self._parser = dcp_metadata.IsolatedParser(config.scan.metadata_memory_bytes)
         self._limits = Limits(
@@ -305,11 +308,10 @@ class Scanner:
             worker.start()
         for validator in self._validators.values():
             validator.start()
+        # Before the thread: its first turn may add a mount's worker, started only if this is set.
+        self._started = True
         self._turned_at = time.monotonic()
         self._thread.start()
-        # Only now: a probe served while the thread was still starting (the port is open before
-        # the scanner starts) saw it not alive yet and answered "exited" (a kubelet restart).
-        self._started = True
 
     def stop(self, timeout: float = 1.0) -> None:
         """Stop within about ``timeout``: nothing waits on a thread stuck in the kernel."""
@@ -326,7 +328,7 @@ class Scanner:
 
     def liveness(self) -> str | None:
         """None while the core loop turns; else why not (a wedged core, never a hung mount)."""
-        if not self._started:
+        if not self._running:
             return None
         if not self._thread.is_alive() and not self._stop.is_set():
             return "the scanner thread has exited"
@@ -351,6 +353,10 @@ class Scanner:
     def _post(self, item: object) -> None:
         self._inbox.put(item)
         self._wake.set()
+
+    def _main(self) -> None:
+        self._running = True
+        self._run()
 
     def _run(self) -> None:
         now = time.monotonic()
