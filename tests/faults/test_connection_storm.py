@@ -10,9 +10,10 @@ before the fix): 4,155 threads, every probe failed for 40 s, SIGTERM unhandled a
 
 And clients that ask for /metrics and never read the answer (a 4 KiB receive buffer), in
 process on a clock the tests move (so no write deadline passes: 60 s is long for a probe, and
-the client reconnects or asks again once it is closed): 512 of them filled the connection cap with writers, which were never closed
-to make room, so /healthz timed out (the kubelet restarts the pod in a loop) and scrapes failed
-(the review's reproduction: 512 writing, the listener paused, the probe unanswered after 5 s).
+the client reconnects or asks again once it is closed): 512 of them filled the connection cap
+with writers, which were never closed to make room, so /healthz timed out (the kubelet restarts
+the pod in a loop) and scrapes failed (the review's reproduction: 512 writing, the listener
+paused, the probe unanswered after 5 s).
 """
 
 from __future__ import annotations
