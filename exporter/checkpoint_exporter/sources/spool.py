@@ -129,6 +129,14 @@ class Event:
 FileKey = tuple[int, int]  # (st_dev, st_ino)
 
 
+@dataclass(frozen=True, slots=True)
+class Listed:
+    """A job's spool directories as of their last complete listings (``SpoolReader.listed``)."""
+
+    mtime: float  # their last change: their own mtimes, and their spool files'
+    spool_files: bool  # whether any held a spool file: an empty one is a mkdir, no job yet
+
+
 @dataclass(slots=True)
 class _Followed:
     """One spool file. Bytes before ``offset`` are parsed; a torn last line is re-read from
@@ -283,6 +291,8 @@ class SpoolReader:
     _reported_errors: set[str] = field(default_factory=set)
     _reported_owners: set[tuple[str, int]] = field(default_factory=set)
     _reported_drills: set[str] = field(default_factory=set)  # own_uid's, with other events
+    # Directory name -> (last change, spool files left) at its last complete listing.
+    _seen: dict[str, tuple[float, bool]] = field(default_factory=dict)
 
     def poll(self, now: float | None = None) -> list[Event]:
         """New complete lines of the followed spool files, parsed, within this poll's budget;
@@ -353,6 +363,8 @@ class SpoolReader:
 
     def _set_names(self, names: frozenset[str]) -> None:
         self._names = names
+        for name in [n for n in self._seen if n not in names]:
+            del self._seen[name]
         self._jobs = frozenset(job for job in map(_job_of, names) if job)
         self._aliases = {}
         for name in names:
@@ -372,6 +384,22 @@ class SpoolReader:
     def job_directories(self) -> frozenset[str]:
         """The names of the jobs with a directory in the spool at its last listing (no I/O)."""
         return self._jobs
+
+    def listed(self) -> dict[str, Listed]:
+        """Per job, what the last complete listings of its directories found (no I/O); a job
+        whose directories were not listed yet is not in it. A node-scope process learns the
+        jobs of a shared root from these: an empty directory is a mkdir, not a job, and the
+        newest take ``max_jobs`` first."""
+        jobs: dict[str, Listed] = {}
+        for name, (mtime, spool_files) in self._seen.items():
+            job = _job_of(name)
+            if not job:
+                continue
+            before = jobs.get(job)
+            if before is not None:
+                mtime, spool_files = max(mtime, before.mtime), spool_files or before.spool_files
+            jobs[job] = Listed(mtime, spool_files)
+        return jobs
 
     def _subdirectories(self, root: int) -> list[str]:
         with os.scandir(root) as entries:
@@ -595,9 +623,15 @@ class SpoolReader:
                 removed = True
         directory.files, directory.refused = files, refused
         directory.listed, directory.history = True, False
+        self._saw(name, listing, [f.mtime for f in files.values()])
         emptied = not files and not refused and (removed or now - listing.mtime > self.retention)
         if emptied and self._remove_directory(root, name):
             del self._dirs[name]
+
+    def _saw(self, name: str, listing: _Listing, mtimes: list[float]) -> None:
+        """What a complete listing of ``name`` found, for ``listed``."""
+        if name in self._names:  # not one gone from the root since
+            self._seen[name] = (max([listing.mtime, *mtimes]), bool(mtimes))
 
     def _remove_directory(self, root: int, name: str) -> bool:
         """Remove a job's spool directory left empty by retention: its job has written nothing
@@ -797,14 +831,16 @@ class SpoolReader:
     ) -> None:
         """Its growth counted, its old files removed, the directory too once that empties it."""
         self._unknown_listing.discard(name)
-        total, left, removed = 0, 0, False
+        total, removed = 0, False
+        left: list[float] = []  # the mtimes of the spool files left
         for file_name, st in listing.files:
             old = now - st.st_mtime > self.retention
             if old and self._remove(listing.fd, name, file_name, (st.st_dev, st.st_ino)):
                 removed = True
                 continue
             total += st.st_size
-            left += 1
+            left.append(st.st_mtime)
+        self._saw(name, listing, left)
         idle = now - listing.mtime > self.retention
         if not left and (removed or idle) and self._remove_directory(root, name):
             del self._unknown[name]
