@@ -767,6 +767,52 @@ def test_each_shape_gives_training_pods_a_spool_they_can_write(
     assert other.returncode != 0 and "Permission denied" in other.stderr
 
 
+def _image_user() -> tuple[int, int]:
+    match = re.search(r"^USER (\d+):(\d+)$", (REPO / "Dockerfile").read_text(), re.M)
+    assert match, "the Dockerfile names no USER uid:gid"
+    return int(match.group(1)), int(match.group(2))
+
+
+def test_every_exporter_pod_and_the_spool_are_the_images_own_user(shape: list[dict]) -> None:
+    """One uid of the exporter's own, the image's: the DaemonSet, the shared scanners, the drill
+    (which must run as the exporter for its spool directory to be trusted with drills), and the
+    spool root the init container makes. It was 65534: `nobody` is a common training-image
+    default, and the owner of a sticky directory may rename and delete every entry in it."""
+    user = _image_user()
+    assert user[0] not in (0, 65534)
+    for name, pod in _pod_specs(shape):
+        security = pod["securityContext"]
+        assert (security["runAsUser"], security["runAsGroup"]) == user, name
+    init = _spool_init(
+        _one(shape, "DaemonSet")["spec"]["template"]["spec"], _config(shape)["spool"]
+    )
+    (chown,) = re.findall(r"chown (\d+):(\d+) ", " ".join(init["command"]))
+    assert tuple(map(int, chown)) == user
+
+
+@pytest.mark.root
+def test_a_training_pod_of_the_common_default_user_cannot_move_another_jobs_directory(
+    shape: list[dict], host_spool: Path
+) -> None:
+    """A training image run as 65534 (`nobody`, a common default) mounts the spool: while the
+    spool root was 65534's, it could rename or delete the directory of any other job (its events
+    lost, or a squatter's directory put in its place). Now it may only make its own."""
+    pod = _one(shape, "DaemonSet")["spec"]["template"]["spec"]
+    spool_path = _config(shape)["spool"]
+    result = _run_init(_spool_init(pod, spool_path), host_spool, spool_path)
+    assert result.returncode == 0, result.stderr
+    training = _training_pod()["spec"]["template"]["spec"]["securityContext"]
+    assert _clocks_written(training, host_spool) == ""
+    victim = host_spool / "llama70b"
+    moved = _run_as(65534, 65534, ["/bin/mv", str(victim), str(host_spool / "moved")], {})
+    removed = _run_as(65534, 65534, ["/bin/rm", "-rf", str(victim)], {})
+    assert moved.returncode != 0 and "Operation not permitted" in moved.stderr, moved.stderr
+    assert removed.returncode != 0
+    assert victim.stat().st_uid == training["runAsUser"] and any(victim.iterdir())
+    own = _run_as(65534, 65534, ["/bin/mkdir", str(host_spool / "its-own-job")], {})
+    assert own.returncode == 0, own.stderr
+
+
 @pytest.mark.root
 def test_the_node_bootstrap_line_makes_the_same_spool(shape: list[dict], tmp_path: Path) -> None:
     """docs/kubernetes.md's tmpfiles.d line, for clusters where no pod runs as root."""

@@ -7,6 +7,13 @@ reset at once left every /healthz failing for the 120 s watched (threads drained
 second) and SIGTERM unhandled after 30 s; 10,000 idle ones cost 294 MB. Here (bench/storm.py,
 before the fix): 4,155 threads, every probe failed for 40 s, SIGTERM unhandled after 30 s;
 5,706 threads and 185 MB for the idle ones.
+
+And clients that ask for /metrics and never read the answer (a 4 KiB receive buffer), in
+process on a clock the tests move (so no write deadline passes: 60 s is long for a probe, and
+the client reconnects or asks again once it is closed): 512 of them filled the connection cap
+with writers, which were never closed to make room, so /healthz timed out (the kubelet restarts
+the pod in a loop) and scrapes failed (the review's reproduction: 512 writing, the listener
+paused, the probe unanswered after 5 s).
 """
 
 from __future__ import annotations
@@ -18,16 +25,18 @@ import resource
 import select
 import socket
 import struct
+import threading
 import time
 from collections.abc import Iterator
 
 import pytest
 
+from checkpoint_exporter.config import WebConfig
 from checkpoint_exporter.exposition import connections
-from checkpoint_exporter.exposition.server import PROBE_WORKERS, WORKERS
+from checkpoint_exporter.exposition.server import PROBE_WORKERS, WORKERS, MetricsServer
+from tests.conftest import wait_for
 from tests.faults.test_spool_floods import peak_rss_kb
-
-pytestmark = [pytest.mark.daemon]
+from tests.test_connections import BODY, BigRenderer, serve  # noqa: F401 (the fixture)
 
 STORM = 10_000
 # What a kubelet probe would wait (its default timeoutSeconds is 1; this machine is shared and
@@ -106,6 +115,7 @@ def _sockets(pid: int) -> int:
     return count
 
 
+@pytest.mark.daemon
 def test_ten_thousand_connections_reset_at_once_leave_probes_and_sigterm_working(
     exporter,
 ) -> None:
@@ -126,6 +136,7 @@ def test_ten_thousand_connections_reset_at_once_leave_probes_and_sigterm_working
     assert code == 0
 
 
+@pytest.mark.daemon
 def test_ten_thousand_idle_connections_cost_bounded_threads_sockets_and_memory(exporter) -> None:
     served = exporter()
     port = _port(served)
@@ -148,3 +159,179 @@ def test_ten_thousand_idle_connections_cost_bounded_threads_sockets_and_memory(e
         assert code == 0
     finally:
         _reset(sockets)
+
+
+# --- slow readers, in process -----------------------------------------------------------------
+
+
+def _slow_reader(server: MetricsServer, source: str) -> socket.socket:
+    """A client from ``source`` (a loopback address of its own) that asks for /metrics and
+    never reads: its 4 KiB receive buffer (set before connecting, so the kernel does not grow
+    it) stalls the answer."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.bind((source, 0))
+    sock.settimeout(10)
+    sock.connect(("127.0.0.1", server.address.port))
+    sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+    return sock
+
+
+def _request(server: MetricsServer, source: str, path: str) -> tuple[int, int] | None:
+    """``path``'s status and body length for a client from ``source``, or None when it got no
+    answer within PROBE_TIMEOUT."""
+    connection = http.client.HTTPConnection(
+        "127.0.0.1", server.address.port, timeout=PROBE_TIMEOUT, source_address=(source, 0)
+    )
+    try:
+        connection.request("GET", path, headers={"Connection": "close"})
+        reply = connection.getresponse()
+        return reply.status, len(reply.read())
+    except (OSError, http.client.HTTPException):
+        return None
+    finally:
+        connection.close()
+
+
+def _stalled(server: MetricsServer) -> int:
+    """Connections writing a whole BODY that stalled (a probe's answer is not one)."""
+    return sum(
+        1
+        for c in list(server.connections._connections)
+        if c.state == connections.WRITING and sum(map(len, c.parts)) >= BODY
+    )
+
+
+def _settled(server: MetricsServer, expected: int) -> bool:
+    """Every slow reader accepted and its answer stalled, or its connection closed to make
+    room: ``expected`` of them accounted for."""
+    dropped = sum(n for reason, n in server.connections.dropped.items() if "evicted" in reason)
+    return _stalled(server) + dropped >= expected
+
+
+def test_slow_readers_from_many_addresses_leave_the_probes_and_a_scrape_answered(
+    serve,  # noqa: F811
+) -> None:
+    """MAX_CONNECTIONS slow readers, spread over as many addresses as the per-client cap needs
+    to fill the server: the loopback probe (the image's HEALTHCHECK), a probe from a new address
+    (the kubelet's) and a scrape are answered, each by closing the writer stalled longest."""
+    server, _ = serve(BigRenderer())
+    share = connections.MAX_CONNECTIONS_PER_CLIENT
+    sources = [f"127.0.1.{n}" for n in range(1, connections.MAX_CONNECTIONS // share + 1)]
+    held = [_slow_reader(server, source) for source in sources for _ in range(share)]
+    try:
+        wait_for(lambda: _settled(server, len(held)), timeout=60)
+        assert server.connections.open_connections >= connections.MAX_CONNECTIONS - 1
+        answers = [
+            _request(server, "127.0.0.1", "/healthz"),
+            _request(server, "127.0.2.1", "/readyz"),
+            _request(server, "127.0.2.2", "/metrics"),
+        ]
+        print(f"answers {answers}; dropped {dict(server.connections.dropped)}")
+        assert answers == [(200, 3), (200, 3), (200, BODY)]
+        assert server.connections.dropped["evicted (full)"] >= 1  # then the probe's slot
+    finally:
+        for sock in held:
+            sock.close()
+
+
+def test_slow_readers_from_one_address_hold_its_share_only(serve) -> None:  # noqa: F811
+    """MAX_CONNECTIONS slow readers from one address: it holds MAX_CONNECTIONS_PER_CLIENT
+    connections, its oldest stalled writers closed to make room for its own new ones; a probe
+    from that very address (a tenant on the node shares it with the kubelet) is answered too."""
+    server, _ = serve(BigRenderer())
+    held = [_slow_reader(server, "127.0.3.1") for _ in range(connections.MAX_CONNECTIONS)]
+    try:
+        wait_for(lambda: _settled(server, len(held)), timeout=60)
+        assert server.connections.open_connections <= connections.MAX_CONNECTIONS_PER_CLIENT
+        answers = [
+            _request(server, "127.0.3.1", "/healthz"),
+            _request(server, "127.0.0.1", "/healthz"),
+            _request(server, "127.0.3.2", "/metrics"),
+        ]
+        print(f"answers {answers}; dropped {dict(server.connections.dropped)}")
+        assert answers == [(200, 3), (200, 3), (200, BODY)]
+        assert server.connections.dropped["evicted (client cap)"] >= (
+            connections.MAX_CONNECTIONS - connections.MAX_CONNECTIONS_PER_CLIENT
+        )
+    finally:
+        for sock in held:
+            sock.close()
+
+
+def test_a_scrape_that_reads_is_not_closed_for_stalled_ones(
+    serve,  # noqa: F811
+    monkeypatch,
+) -> None:
+    """A scraper reading its answer makes progress: at the cap, the writers that stalled
+    before it go first, however late they came."""
+    monkeypatch.setattr(connections, "MAX_CONNECTIONS", 8)
+    server, _ = serve(BigRenderer())
+    reading = socket.create_connection(("127.0.0.1", server.address.port), timeout=10)
+    reading.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+    got = len(reading.recv(65536))
+    held = [_slow_reader(server, f"127.0.4.{n}") for n in range(1, 8)]
+    try:
+        wait_for(lambda: _stalled(server) >= 8)
+        for n in range(8, 20):  # new slow readers keep coming; the reader goes on reading
+            while got < 1024 * 1024 * (n - 7):
+                got += len(reading.recv(1024 * 1024))
+            held.append(_slow_reader(server, f"127.0.4.{n}"))
+            wait_for(lambda n=n: _settled(server, n + 1))  # the reader is a writer too
+        while chunk := reading.recv(1024 * 1024):
+            got += len(chunk)
+            if got >= BODY:
+                break
+        assert got >= BODY  # the whole answer (its head and body), never cut
+    finally:
+        reading.close()
+        for sock in held:
+            sock.close()
+
+
+class _Held(BigRenderer):
+    """A renderer, and a liveness check, that wait until ``release``: requests stay handled."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+
+    def render_parts(self, encoder: object) -> tuple[bytes, bytes]:
+        self.release.wait(30)
+        return super().render_parts(encoder)
+
+    def liveness(self) -> None:
+        self.release.wait(30)
+
+
+def test_a_probe_in_hand_is_never_closed_to_make_room() -> None:
+    """The kubelet shares the node's address with every hostNetwork pod: a burst of requests
+    from it, all in handlers' hands, closes the oldest of them to make room for the newest,
+    and never the probe's."""
+    held_renderer = _Held()
+    server = MetricsServer(
+        WebConfig(listen_address="127.0.0.1:0"),
+        held_renderer,  # type: ignore[arg-type]
+        liveness=held_renderer.liveness,
+    )
+    server.start()
+    answer: list[tuple[int, int] | None] = []
+    prober = threading.Thread(
+        target=lambda: answer.append(_request(server, "127.0.5.1", "/healthz"))
+    )
+    burst: list[socket.socket] = []
+    try:
+        prober.start()
+        wait_for(lambda: [c.state for c in list(server.connections._connections)] == ["handling"])
+        for _ in range(2 * connections.MAX_CONNECTIONS_PER_CLIENT):
+            burst.append(_slow_reader(server, "127.0.5.1"))
+        wait_for(lambda: server.connections.dropped["evicted (client cap)"]
+                 >= connections.MAX_CONNECTIONS_PER_CLIENT)  # fmt: skip
+        held_renderer.release.set()
+        prober.join(PROBE_TIMEOUT + 1)
+        assert answer == [(200, 3)]
+    finally:
+        held_renderer.release.set()
+        for sock in burst:
+            sock.close()
+        server.stop()

@@ -247,3 +247,78 @@ def test_a_drill_written_as_the_jobs_user_is_read(base: Path) -> None:
     assert written.stat().st_uid == JOB and oct(written.parent.stat().st_mode)[-3:] == "755"
     reader = SpoolReader(base / "spool", known_jobs=lambda: {"jobB": frozenset({JOB})})
     assert [e[0] for e in events_of(reader)] == ["restore_done", "restore_start"]
+
+
+# --- the restore drill, run as the exporter's own user ------------------------------------------
+# The drill runs as the exporter does (the CronJob and the DaemonSet share a uid; the systemd
+# drill is the checkpoint-exporter user): it cannot write into the job's 0755 directory and
+# writes ``<job>@<its uid>`` beside it. That uid may write drills for any job: its directory is
+# read for drill events only, and never makes a second owner.
+
+EXPORTER = 10001  # the image's user
+
+
+def test_a_drill_run_as_the_exporters_user_is_read(base: Path, shape: str) -> None:
+    """Before: ``jobB@10001`` was refused as squatted: the drill's results never read (a false
+    weekly CheckpointRestoreDrillOverdue and a CheckpointSpoolSquatted ticket); in the cluster
+    shape two owners, neither read: the job's own events lost too."""
+    write_as(JOB, base, "jobB", "7")
+    write_as(EXPORTER, base, "jobB", "drill")
+    assert (base / "spool" / f"jobB@{EXPORTER}").stat().st_uid == EXPORTER
+    reader = SpoolReader(base / "spool", known_jobs=lambda: {"jobB": _SHAPES[shape]})
+    reader.own_uid = EXPORTER  # as os.geteuid() says in the exporter's own process
+    drill = [("restore_done", 1, True), ("restore_start", 1, True)]
+    assert events_of(reader) == sorted(SAVE_7 + drill)
+    assert reader.squatted == {}
+    assert reader.dropped_bytes_total["owner"] == 0
+
+
+def test_only_drills_are_read_from_the_exporters_user(base: Path, shape: str) -> None:
+    """Anything else written as the exporter's uid (a training image run as that user, or the
+    exporter's own uid forging a save) is refused and counted, event by event."""
+    write_as(JOB, base, "jobB", "7")
+    write_as(EXPORTER, base, "jobB", "9")
+    write_as(EXPORTER, base, "jobB", "drill")
+    reader = SpoolReader(base / "spool", known_jobs=lambda: {"jobB": _SHAPES[shape]})
+    reader.own_uid = EXPORTER
+    drill = [("restore_done", 1, True), ("restore_start", 1, True)]
+    assert events_of(reader) == sorted(SAVE_7 + drill)
+    assert reader.dropped_total["not_drill"] == 5  # save_start ... committed of step 9
+    assert reader.squatted == {}
+
+
+_SHAPES: dict[str, frozenset[int] | None] = {
+    "node": frozenset({JOB}),  # the tree's owner (or spool_owner) says whose jobB is
+    "cluster": None,  # a node-scope process: nothing says
+}
+
+
+@pytest.fixture(params=sorted(_SHAPES))
+def shape(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+def test_a_drill_through_the_exporter_run_as_its_own_user(base: Path, exporter) -> None:
+    """End to end, as deployed: the exporter runs as its own uid, which owns the spool root
+    (1733); the job's tree and directory are uid 1000's; the drill, run as the exporter's uid,
+    is counted, and nothing is squatted."""
+    os.chown(base / "spool", EXPORTER, EXPORTER)
+    tree = base / "jobB-ckpt"
+    tree.mkdir()
+    os.chown(tree, JOB, JOB)
+    config = write_config(
+        base, f"spool: {base / 'spool'}\njobs: [{{name: jobB, path: {tree}, layout: dcp}}]\n"
+    )
+    os.chmod(config, 0o644)
+    as_exporter = [
+        require_tool("setpriv"), f"--reuid={EXPORTER}", f"--regid={EXPORTER}", "--clear-groups",
+    ]  # fmt: skip
+    served = exporter("--config.file", str(config), prefix=as_exporter)
+    write_as(JOB, base, "jobB", "7")
+    write_as(EXPORTER, base, "jobB", "drill")
+    drills = "checkpoint_restore_drills_total"
+    wait_for(lambda: sample(served.metrics(), drills, training_job="jobB") == 1, timeout=30)
+    text = served.metrics()
+    count = "checkpoint_save_duration_seconds_count"
+    assert sample(text, count, training_job="jobB", phase="total") == 1
+    assert sample(text, "checkpoint_exporter_spool_squatted", training_job="jobB") in (None, 0)

@@ -686,10 +686,14 @@ class Scanner:
             return
         if discovery.entry.policy.scope == SHARED and SHARED not in self.serving.scopes:
             # A node-scope process never touches a shared root, not even to list it: the jobs
-            # whose ranks run here are the ones writing into this node's spool.
-            wall = self.clock()
-            names = sorted(self.spool.job_directories)
-            self._listed(_Listed(discovery, [_Candidate(n, wall, False) for n in names]))
+            # whose ranks run here are the ones writing into this node's spool. Any user may
+            # make a directory there: one with no spool file is a mkdir, no job (it takes no
+            # max_jobs slot), and the jobs are dated by their last write, newest first.
+            found = [
+                _Candidate(job, listed.mtime, not listed.spool_files)
+                for job, listed in sorted(self.spool.listed().items())
+            ]
+            self._listed(_Listed(discovery, found))
             return
         root = str(discovery.entry.root)
         worker = self._worker(self._lexical_mount(root))

@@ -18,9 +18,15 @@ password); the network's pace is the loop's business, with a deadline for every 
     lingering  after the last answer, the client's leftovers are read and dropped for at most
                LINGER_SECONDS (so that closing does not reset the answer away)
 
-At most MAX_CONNECTIONS are open; beyond, the connection waiting longest for a request makes
-room. Answers waiting to be written hold at most MAX_PENDING_OUTPUT bytes; beyond, the writer
-that has made no progress for longest is dropped. The budgets are in docs/security.md.
+At most MAX_CONNECTIONS are open, and at most MAX_CONNECTIONS_PER_CLIENT from one address.
+Beyond either, a new connection is still let in: the connection waiting longest for a request
+makes room, else the writer that has made no progress for longest (however little it has left
+to write), else the request handed to a handler longest ago (its answer is dropped), never a
+probe's; among that address's own connections at its cap, among all at the server's. So a storm
+of clients that ask and never read cannot keep a probe or a scrape out, and one address cannot
+take more than its share. Answers waiting to be written hold at most MAX_PENDING_OUTPUT
+bytes; beyond, the writer that has made no progress for longest is dropped. The budgets are in
+docs/security.md.
 """
 
 from __future__ import annotations
@@ -44,6 +50,11 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 MAX_CONNECTIONS = 512
+# From one client address. Prometheus (even an HA pair behind one NAT), the kubelet's probes, a
+# load balancer's checks take a few each; the kubelet shares the node's address with every
+# hostNetwork pod, whose surplus closes its own connections, not the probes' (a new connection
+# always gets in). 16 addresses at the cap fill the server.
+MAX_CONNECTIONS_PER_CLIENT = 32
 MAX_HEAD_BYTES = 16 * 1024  # request line and headers; Prometheus sends about 300 bytes
 MAX_PENDING_OUTPUT = 64 * 1024 * 1024  # distinct answer bytes held for slow readers
 HANDSHAKE_SECONDS = 10.0
@@ -77,6 +88,10 @@ class Connection:
     deadline: float = 0.0
     since: float = 0.0  # when it entered its state
     progressed: float = 0.0  # writing: when a send last took bytes
+    # Its place in the order in which connections are closed to make room (lowest first): a
+    # serial taken when it entered its state or, writing, when a send last took bytes. Ties of
+    # the clock (a coarse one, or a test's) cannot reorder it.
+    turn: int = 0
     out: deque[memoryview] = field(default_factory=deque)
     parts: Sequence[bytes] = ()  # the answer being written (held in the output budget)
     close_after: bool = False
@@ -94,6 +109,12 @@ class Exchange:
     head: bytes
     client: tuple[Any, ...]
     decided: Any = None  # for the handler: what an earlier pass of this request decided
+    probe: bool = False  # set by ``dispatch``: its connection is not closed to make room
+
+    @property
+    def abandoned(self) -> bool:
+        """Its connection was closed (to make room, or stopping): nothing to answer."""
+        return self.connection.exchange is not self
 
 
 class ConnectionLoop:
@@ -123,7 +144,11 @@ class ConnectionLoop:
         self._connections: set[Connection] = set()
         # Connections that may be closed to make room, oldest in their state first.
         self._evictable: OrderedDict[Connection, None] = OrderedDict()
-        self._writers: set[Connection] = set()
+        # Connections writing, the one that made progress longest ago first; and handled,
+        # the oldest request first: when nothing is evictable, they make room, in this order.
+        self._writers: OrderedDict[Connection, None] = OrderedDict()
+        self._handling: OrderedDict[Connection, None] = OrderedDict()
+        self._by_client: dict[Any, set[Connection]] = {}
         self._deadlines: list[tuple[float, int, Connection]] = []
         self._serial = itertools.count()
         self._held: dict[int, list[int]] = {}  # id(part) -> [size, holders]
@@ -194,7 +219,7 @@ class ConnectionLoop:
 
     def _accept(self) -> None:
         for _ in range(ACCEPTS_PER_TURN):
-            if len(self._connections) >= MAX_CONNECTIONS and not self._evictable:
+            if len(self._connections) >= MAX_CONNECTIONS and not self._can_make_room():
                 self._pause_accepting(None)  # until a connection closes or may be closed
                 return
             try:
@@ -209,8 +234,10 @@ class ConnectionLoop:
                         self._pause_accepting(self.clock() + 0.1)
                     return
                 continue  # ECONNABORTED and the like: that client is gone
-            if len(self._connections) >= MAX_CONNECTIONS:
-                self._evict("full")
+            if not self._make_room(client[0]):
+                self.dropped["refused (client cap)"] += 1
+                sock.close()
+                continue
             try:
                 self._open(sock, client)
             except Exception:
@@ -231,6 +258,7 @@ class ConnectionLoop:
                 return
         connection = Connection(sock, client, tls=self._tls is not None)
         self._connections.add(connection)
+        self._by_client.setdefault(client[0], set()).add(connection)
         if connection.tls:
             self._enter(connection, HANDSHAKE, now + HANDSHAKE_SECONDS, now)
             self._handshake(connection)
@@ -252,9 +280,13 @@ class ConnectionLoop:
 
     def _enter(self, connection: Connection, state: str, deadline: float, now: float) -> None:
         connection.state, connection.since, connection.deadline = state, now, deadline
+        connection.turn = next(self._serial)
         self._evictable.pop(connection, None)
+        self._handling.pop(connection, None)
         if state in _EVICTABLE:
             self._evictable[connection] = None
+        elif state == HANDLING:
+            self._handling[connection] = None
         if state != HANDLING:
             self._push_deadline(connection)
 
@@ -382,7 +414,8 @@ class ConnectionLoop:
         connection.close_after = close
         connection.progressed = now
         self._hold(connection.parts)
-        self._writers.add(connection)
+        self._writers[connection] = None
+        self._writers.move_to_end(connection)
         self._enter(connection, WRITING, now + WRITE_SECONDS, now)
         self._write(connection)
         if connection.state == WRITING:
@@ -403,6 +436,8 @@ class ConnectionLoop:
                 self._close(connection)
                 return
             connection.progressed = self.clock()
+            connection.turn = next(self._serial)
+            self._writers.move_to_end(connection)
             if sent >= len(view):
                 connection.out.popleft()
             else:
@@ -468,14 +503,42 @@ class ConnectionLoop:
                 self.dropped[reason] += 1
             self._close(connection)
 
-    def _evict(self, reason: str) -> bool:
-        """Close the connection waiting longest in an evictable state; False when none."""
-        if not self._evictable:
+    def _can_make_room(self) -> bool:
+        return self._victim(None) is not None
+
+    def _make_room(self, address: Any) -> bool:
+        """Room for a new connection from ``address``: at its cap, one of its own is closed;
+        at the server's, one of anyone's. False when none may be (only probes are open)."""
+        own = self._by_client.get(address)
+        if own is not None and len(own) >= MAX_CONNECTIONS_PER_CLIENT:
+            return self._evict("client cap", own)
+        if len(self._connections) >= MAX_CONNECTIONS:
+            return self._evict("full")
+        return True
+
+    def _evict(self, reason: str, among: set[Connection] | None = None) -> bool:
+        """Close the first of ``among`` (default: all) in _victim's order; False when none."""
+        connection = self._victim(among)
+        if connection is None:
             return False
-        connection = next(iter(self._evictable))
         self.dropped[f"evicted ({reason})"] += 1
         self._close(connection)
         return True
+
+    def _victim(self, among: set[Connection] | None) -> Connection | None:
+        """The connection waiting longest in an evictable state; else the writer that made
+        progress longest ago, whatever it has left to write (a client that never reads renews
+        its write deadline with each request); else the request handed to a handler longest
+        ago. Never a probe's request: its connection is answered in a moment."""
+        for tier in (self._evictable, self._writers, self._handling):
+            if among is None:  # each tier is in that order already
+                found = next((c for c in tier if not _probe(c)), None)
+            else:  # at most MAX_CONNECTIONS_PER_CLIENT
+                found = min((c for c in among if c in tier and not _probe(c)), default=None,
+                            key=lambda c: c.turn)  # fmt: skip
+            if found is not None:
+                return found
+        return None
 
     def _hold(self, parts: Sequence[bytes]) -> None:
         # Parts are counted once however many answers share them (the renderer hands every
@@ -489,7 +552,7 @@ class ConnectionLoop:
                 held[1] += 1
 
     def _release(self, connection: Connection) -> None:
-        self._writers.discard(connection)
+        self._writers.pop(connection, None)
         for part in connection.parts:
             held = self._held[id(part)]
             held[1] -= 1
@@ -501,11 +564,11 @@ class ConnectionLoop:
     def _shed_output(self, keep: Connection) -> None:
         """Over the output budget, drop the writers stalled longest (never ``keep``)."""
         while self._held_bytes > MAX_PENDING_OUTPUT:
-            stalled = [c for c in self._writers if c is not keep]
-            if not stalled:
+            stalled = next((c for c in self._writers if c is not keep), None)
+            if stalled is None:
                 return
             self.dropped["stalled writer"] += 1
-            self._close(min(stalled, key=lambda c: c.progressed))
+            self._close(stalled)
 
     def _pause_accepting(self, until: float | None) -> None:
         if self._accepting:
@@ -516,7 +579,7 @@ class ConnectionLoop:
     def _maybe_resume_accepting(self) -> None:
         if self._accepting:
             return
-        if len(self._connections) >= MAX_CONNECTIONS and not self._evictable:
+        if len(self._connections) >= MAX_CONNECTIONS and not self._can_make_room():
             return
         if self._resume_accepting_at is not None and self.clock() < self._resume_accepting_at:
             return
@@ -529,15 +592,25 @@ class ConnectionLoop:
             return
         if connection.parts:
             self._release(connection)
-        self._writers.discard(connection)
+        self._writers.pop(connection, None)
         self._watch(connection, 0)
         connection.state = CLOSED
         connection.exchange = None
         connection.delayed = ((), True)
         self._evictable.pop(connection, None)
+        self._handling.pop(connection, None)
         self._connections.discard(connection)
+        own = self._by_client.get(connection.client[0])
+        if own is not None:
+            own.discard(connection)
+            if not own:
+                del self._by_client[connection.client[0]]
         with contextlib.suppress(OSError):
             connection.sock.close()
+
+
+def _probe(connection: Connection) -> bool:
+    return connection.exchange is not None and connection.exchange.probe
 
 
 def _head_end(buffer: bytearray) -> int | None:

@@ -177,10 +177,12 @@ class MetricsServer:
         """On the loop's thread: a probe to the probes' pool, anything else to the handlers."""
         request_line = exchange.head.split(b"\n", 1)[0].split()
         path = _path(request_line[1].decode("latin-1")) if len(request_line) == 3 else None
-        probe = path in UNAUTHENTICATED_PATHS and path != self.web.telemetry_path
-        (self._probes if probe else self._handlers).put(exchange)
+        exchange.probe = path in UNAUTHENTICATED_PATHS and path != self.web.telemetry_path
+        (self._probes if exchange.probe else self._handlers).put(exchange)
 
     def _handle(self, exchange: Exchange) -> None:
+        if exchange.abandoned:
+            return  # its connection was closed to make room: nobody to answer
         try:
             handler = _Handler(self, exchange)
         except Exception:

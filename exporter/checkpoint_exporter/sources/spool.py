@@ -34,10 +34,13 @@ name and line here is hostile, and so is the amount of it. The reader therefore
   rank that finds its job's directory owned by another user writes beside it, into
   ``<job>@<uid>`` (or ``<job>@<uid>.<random>`` if that is taken too), which is read when that
   uid owns it and is the job's. Root's directories and files are always read: root can do
-  anything on the node anyway. A refused directory is listed like an unknown job's, its growth
-  counted in ``dropped_bytes_total["owner"]``, the job named in ``squatted`` and the directory
-  in one log line; a file of another user in a job's own directory is not read either (counted
-  the same way).
+  anything on the node anyway. The exporter's own uid (``own_uid``) writes the restore drills,
+  for any job: its directories are read for drill events only (any other event in them is
+  refused and counted in ``dropped_total["not_drill"]``), and never make a second owner. A
+  refused directory is listed like an unknown job's, its growth counted in
+  ``dropped_bytes_total["owner"]``, the job named in ``squatted`` and the directory in one log
+  line; a file of another user in a job's own directory is not read either (counted the same
+  way).
 - refuses events dated more than ``FUTURE_SLACK`` seconds ahead of the local clock or more than
   ``MAX_EVENT_AGE`` behind it (``dropped_total["future"]``, ``dropped_total["past"]``): one
   event must not be able to make a duration infinite or a timestamp stick in year 9999.
@@ -126,6 +129,14 @@ class Event:
 FileKey = tuple[int, int]  # (st_dev, st_ino)
 
 
+@dataclass(frozen=True, slots=True)
+class Listed:
+    """A job's spool directories as of their last complete listings (``SpoolReader.listed``)."""
+
+    mtime: float  # their last change: their own mtimes, and their spool files'
+    spool_files: bool  # whether any held a spool file: an empty one is a mkdir, no job yet
+
+
 @dataclass(slots=True)
 class _Followed:
     """One spool file. Bytes before ``offset`` are parsed; a torn last line is re-read from
@@ -210,6 +221,7 @@ class _Dir:
     # Its job's owner is not known yet (HOLD): listed, so that what was there at the first poll
     # stays history, but not read.
     held: bool = False
+    drills_only: bool = False  # the exporter's own uid's: only drill events are read
     served: int = 0
     listing: _Listing | None = None  # in progress
     entries: int = 0  # what its last complete listing looked at (its listing's cost)
@@ -250,11 +262,14 @@ class SpoolReader:
     unknown_relist: float = UNKNOWN_RELIST
     unknown_per_poll: int = UNKNOWN_PER_POLL
     poll_entries: int = POLL_ENTRIES
+    # The uid the drills run as, the exporter's own (``checkpoint-exporter restore-drill`` runs
+    # as the exporter does): its directories are read for drill events only.
+    own_uid: int = field(default_factory=os.geteuid)
     monotonic: Callable[[], float] = time.monotonic
     events_total: Counter[str] = field(default_factory=Counter)
     invalid_total: Counter[str] = field(default_factory=Counter)
-    # Events refused (future, past; and, where the daemon shares this counter with the jobs'
-    # Clocks, open_saves_cap, open_restores_cap, ranks_cap, before_start).
+    # Events refused (future, past, not_drill; and, where the daemon shares this counter with
+    # the jobs' Clocks, open_saves_cap, open_restores_cap, ranks_cap, before_start).
     dropped_total: Counter[str] = field(default_factory=Counter)
     # Bytes never parsed: unknown_job (a directory no configured job owns), backlog (skipped
     # ahead of a file too far behind), owner (a directory or file of a user not the job's).
@@ -275,6 +290,9 @@ class SpoolReader:
     _polls: int = 0
     _reported_errors: set[str] = field(default_factory=set)
     _reported_owners: set[tuple[str, int]] = field(default_factory=set)
+    _reported_drills: set[str] = field(default_factory=set)  # own_uid's, with other events
+    # Directory name -> (last change, spool files left) at its last complete listing.
+    _seen: dict[str, tuple[float, bool]] = field(default_factory=dict)
 
     def poll(self, now: float | None = None) -> list[Event]:
         """New complete lines of the followed spool files, parsed, within this poll's budget;
@@ -345,6 +363,8 @@ class SpoolReader:
 
     def _set_names(self, names: frozenset[str]) -> None:
         self._names = names
+        for name in [n for n in self._seen if n not in names]:
+            del self._seen[name]
         self._jobs = frozenset(job for job in map(_job_of, names) if job)
         self._aliases = {}
         for name in names:
@@ -364,6 +384,22 @@ class SpoolReader:
     def job_directories(self) -> frozenset[str]:
         """The names of the jobs with a directory in the spool at its last listing (no I/O)."""
         return self._jobs
+
+    def listed(self) -> dict[str, Listed]:
+        """Per job, what the last complete listings of its directories found (no I/O); a job
+        whose directories were not listed yet is not in it. A node-scope process learns the
+        jobs of a shared root from these: an empty directory is a mkdir, not a job, and the
+        newest take ``max_jobs`` first."""
+        jobs: dict[str, Listed] = {}
+        for name, (mtime, spool_files) in self._seen.items():
+            job = _job_of(name)
+            if not job:
+                continue
+            before = jobs.get(job)
+            if before is not None:
+                mtime, spool_files = max(mtime, before.mtime), spool_files or before.spool_files
+            jobs[job] = Listed(mtime, spool_files)
+        return jobs
 
     def _subdirectories(self, root: int) -> list[str]:
         with os.scandir(root) as entries:
@@ -401,10 +437,12 @@ class SpoolReader:
         for job, opened in by_job.items():
             owners = {name: info.st_uid for name, (_, info) in opened.items()}
             expected = None if known is None else known.get(job)
-            trusted = _trusted(owners, expected)
+            trusted = _trusted(owners, expected, self.own_uid)
             for name, (fd, info) in opened.items():
-                if trusted is None or name in trusted:  # the listing takes the descriptor
-                    self._start(name, job, fd, info, first, held=trusted is None)
+                if trusted is None or name in trusted.full or name in trusted.drills:
+                    drills_only = trusted is not None and name in trusted.drills
+                    # The listing takes the descriptor.
+                    self._start(name, job, fd, info, first, trusted is None, drills_only)
                 else:
                     os.close(fd)
                     self._refuse(name, first)
@@ -429,8 +467,9 @@ class SpoolReader:
             return None
 
     def _start(
-        self, name: str, job: str, fd: int, info: os.stat_result, first: bool, held: bool
-    ) -> None:
+        self, name: str, job: str, fd: int, info: os.stat_result, first: bool, held: bool,
+        drills_only: bool,
+    ) -> None:  # fmt: skip
         """Follow ``name`` (open as ``fd``, which this takes): a new listing unless one of that
         directory is still going round."""
         directory = self._dirs.get(name)
@@ -438,7 +477,7 @@ class SpoolReader:
             unknown = self._drop_unknown(name)
             history = first or bool(unknown and unknown.history)
             directory = self._dirs[name] = _Dir(job, history=history)
-        directory.held = held
+        directory.held, directory.drills_only = held, drills_only
         listing = directory.listing
         if listing is not None and listing.ident == (info.st_dev, info.st_ino):
             os.close(fd)
@@ -491,6 +530,17 @@ class SpoolReader:
                 "have more than one owner and nothing says which is the job's (set spool_owner)"
             )
         log.warning("spool: %s is owned by uid %d, %s: its events are not read", where, owner, why)
+
+    def _report_not_drill(self, name: str) -> None:
+        """One log line per directory of the exporter's uid holding events not a drill's."""
+        if name in self._reported_drills or len(self._reported_drills) >= 1000:
+            return
+        self._reported_drills.add(name)
+        log.warning(
+            "spool: %s/%s is owned by the exporter's own uid %d, which writes restore drills "
+            "only: its other events are not read",
+            self.directory, name, self.own_uid,
+        )  # fmt: skip
 
     # --- listings, on the poll's entries budget ---------------------------------------------------
 
@@ -573,9 +623,15 @@ class SpoolReader:
                 removed = True
         directory.files, directory.refused = files, refused
         directory.listed, directory.history = True, False
+        self._saw(name, listing, [f.mtime for f in files.values()])
         emptied = not files and not refused and (removed or now - listing.mtime > self.retention)
         if emptied and self._remove_directory(root, name):
             del self._dirs[name]
+
+    def _saw(self, name: str, listing: _Listing, mtimes: list[float]) -> None:
+        """What a complete listing of ``name`` found, for ``listed``."""
+        if name in self._names:  # not one gone from the root since
+            self._seen[name] = (max([listing.mtime, *mtimes]), bool(mtimes))
 
     def _remove_directory(self, root: int, name: str) -> bool:
         """Remove a job's spool directory left empty by retention: its job has written nothing
@@ -633,7 +689,7 @@ class SpoolReader:
                 share = _share(budget - used, remaining, 1)
                 line_share = _share(lines - parsed, remaining, 1)
                 got, count = self._read_file(
-                    fd, name, directory.job, key, followed, share, line_share, now, out
+                    fd, name, directory, key, followed, share, line_share, now, out
                 )
                 used += got
                 parsed += count
@@ -643,8 +699,8 @@ class SpoolReader:
         return used, parsed
 
     def _read_file(
-        self, dir_fd: int, name: str, job: str, key: FileKey, followed: _Followed, budget: int,
-        lines: int, now: float, out: list[Event],
+        self, dir_fd: int, name: str, directory: _Dir, key: FileKey, followed: _Followed,
+        budget: int, lines: int, now: float, out: list[Event],
     ) -> tuple[int, int]:  # fmt: skip
         try:
             fd = os.open(followed.name, _FILE_FLAGS, dir_fd=dir_fd)
@@ -674,11 +730,11 @@ class SpoolReader:
             return 0, 0
         finally:
             os.close(fd)
-        return len(data), self._lines(data, job, followed, lines, now, out)
+        return len(data), self._lines(data, name, directory, followed, lines, now, out)
 
     def _lines(
-        self, data: bytes, job: str, followed: _Followed, lines: int, now: float,
-        out: list[Event],
+        self, data: bytes, name: str, directory: _Dir, followed: _Followed, lines: int,
+        now: float, out: list[Event],
     ) -> int:  # fmt: skip
         start = followed.offset
         end = start + len(data)
@@ -695,7 +751,7 @@ class SpoolReader:
             if newline < 0:
                 break
             history = start + newline + 1 <= followed.history_end
-            self._parse(data[pos:newline], job, history, now, out)
+            self._parse(data[pos:newline], name, directory, history, now, out)
             parsed += 1
             pos = newline + 1
         else:
@@ -708,7 +764,10 @@ class SpoolReader:
             followed.offset, followed.skipping = end, True
         return parsed
 
-    def _parse(self, line: bytes, job: str, history: bool, now: float, out: list[Event]) -> None:
+    def _parse(
+        self, line: bytes, name: str, directory: _Dir, history: bool, now: float,
+        out: list[Event],
+    ) -> None:  # fmt: skip
         if len(line) > MAX_LINE:  # even of blanks: as the same line unterminated would be
             self.invalid_total["too_long"] += 1
             return
@@ -719,9 +778,13 @@ class SpoolReader:
         except ValueError:
             self.invalid_total["not_json"] += 1
             return
-        event = _validate(record, job, history)
+        event = _validate(record, directory.job, history)
         if isinstance(event, str):
             self.invalid_total[event] += 1
+            return
+        if directory.drills_only and not event.drill:
+            self.dropped_total["not_drill"] += 1
+            self._report_not_drill(name)
             return
         if event.ts > now + FUTURE_SLACK:
             self.dropped_total["future"] += 1
@@ -768,14 +831,16 @@ class SpoolReader:
     ) -> None:
         """Its growth counted, its old files removed, the directory too once that empties it."""
         self._unknown_listing.discard(name)
-        total, left, removed = 0, 0, False
+        total, removed = 0, False
+        left: list[float] = []  # the mtimes of the spool files left
         for file_name, st in listing.files:
             old = now - st.st_mtime > self.retention
             if old and self._remove(listing.fd, name, file_name, (st.st_dev, st.st_ino)):
                 removed = True
                 continue
             total += st.st_size
-            left += 1
+            left.append(st.st_mtime)
+        self._saw(name, listing, left)
         idle = now - listing.mtime > self.retention
         if not left and (removed or idle) and self._remove_directory(root, name):
             del self._unknown[name]
@@ -846,17 +911,31 @@ def _claimed(name: str) -> int | None:
     return int(uid) if uid.isascii() and uid.isdigit() and len(uid) <= 10 else -1
 
 
-def _trusted(owners: Mapping[str, int], expected: Owners) -> set[str] | None:
+@dataclass(frozen=True, slots=True)
+class _Trusted:
+    full: set[str]  # the job's: every event read
+    drills: set[str]  # the exporter's own uid's: its drill events read
+
+
+def _trusted(owners: Mapping[str, int], expected: Owners, own_uid: int) -> _Trusted | None:
     """Which of one job's directories (name: owner uid) are the job's; None while its owner is
     not known yet (HOLD). Root's are; a ``<job>@<uid>`` one only if that uid owns it; the others
-    if their owner is ``expected``, or where nothing is expected, if one user alone owns them."""
+    if their owner is ``expected``, or where nothing is expected, if one user alone owns them.
+    The exporter's own uid's are trusted for drills (unless that uid is the job's): they are not
+    the job's, and are no contest either."""
     if expected is not None and not expected:
         return None
     honest = {n: uid for n, uid in owners.items() if uid == 0 or _claimed(n) in (None, uid)}
+    drills = {
+        n for n, uid in honest.items()
+        if uid == own_uid and uid != 0 and (expected is None or uid not in expected)
+    }  # fmt: skip
+    jobs = {n: uid for n, uid in honest.items() if n not in drills}
     if expected is not None:
-        return {n for n, uid in honest.items() if uid == 0 or uid in expected}
-    users = {uid for uid in honest.values() if uid != 0}
-    return set(honest) if len(users) <= 1 else {n for n, uid in honest.items() if uid == 0}
+        return _Trusted({n for n, uid in jobs.items() if uid == 0 or uid in expected}, drills)
+    users = {uid for uid in jobs.values() if uid != 0}
+    full = set(jobs) if len(users) <= 1 else {n for n, uid in jobs.items() if uid == 0}
+    return _Trusted(full, drills)
 
 
 def _uids(uids: Collection[int]) -> str:

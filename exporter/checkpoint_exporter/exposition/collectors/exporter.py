@@ -52,7 +52,7 @@ SPOOL_DROPPED = MetricSpec(
     "checkpoint_exporter_spool_dropped_total",
     "counter",
     "Spool events refused or saves and restores given up, by reason: future, past, "
-    "before_start, open_saves_cap, open_restores_cap, ranks_cap.",
+    "not_drill, before_start, open_saves_cap, open_restores_cap, ranks_cap.",
     ("reason",),
 )
 SPOOL_DROPPED_BYTES = MetricSpec(
