@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
+import functools
+import importlib.util
 import os
 import queue
 import re
@@ -9,10 +12,11 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,13 +67,15 @@ class Exporter:
         env: dict[str, str] | None = None,
         ready: bool = True,
     ):
+        merged = {**os.environ, **(env or {})}
         self.process = subprocess.Popen(
             [*(prefix or []), *CLI, "serve", "--web.listen-address", "127.0.0.1:0", *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
             cwd=cwd,
-            env={**os.environ, **(env or {})},
+            # A prefix runs it as another user, who may not read the checkout.
+            env=as_user_env(merged) if prefix else merged,
         )
         self.lines: queue.Queue[str] = queue.Queue()
         self.log: list[str] = []
@@ -174,11 +180,52 @@ def write_config(directory: Path, text: str, name: str = "config.yaml") -> Path:
     return path
 
 
+# What a process run as another user imports: the package and its runtime dependencies.
+_RUNTIME_MODULES = ("checkpoint_exporter", "yaml", "prometheus_client", "pynvml", "bcrypt")
+
+
+@functools.cache
+def readable_runtime() -> str:
+    """A world-readable copy of the package and its runtime dependencies, for the processes the
+    tests run as another user: a checkout in `mktemp -d` (0700), and the virtualenv in it, are
+    not theirs to read. Removed when the session ends."""
+    runtime = Path(tempfile.mkdtemp(prefix="checkpoint-exporter-runtime-"))
+    atexit.register(shutil.rmtree, runtime, ignore_errors=True)
+    for name in _RUNTIME_MODULES:
+        spec = importlib.util.find_spec(name)
+        assert spec is not None and spec.origin is not None, f"{name} is not installed"
+        origin = Path(spec.origin)
+        if origin.name == "__init__.py":
+            shutil.copytree(origin.parent, runtime / name, ignore=_NOT_RUNTIME)
+        else:
+            shutil.copy2(origin, runtime)
+    for path in (runtime, *runtime.rglob("*")):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return str(runtime)
+
+
+_NOT_RUNTIME = shutil.ignore_patterns("__pycache__")
+
+
+def as_user(uid: int | str, gid: int | str) -> list[str]:
+    """A command prefix that runs as ``uid``:``gid`` with no supplementary groups (tests run as
+    root in CI). Its process imports the package through ``as_user_env``."""
+    return [require_tool("setpriv"), f"--reuid={uid}", f"--regid={gid}", "--clear-groups"]
+
+
+def as_user_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``env`` (this process's by default) for a process run as another user: the package and
+    its dependencies from ``readable_runtime``, before any PYTHONPATH given."""
+    env = dict(os.environ if env is None else env)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (readable_runtime(), env.get("PYTHONPATH")) if p)
+    return env
+
+
 def as_nobody() -> list[str]:
     """A command prefix that drops to the unprivileged 'nobody' user (tests run as root in CI)."""
     if os.geteuid() != 0:
         return []
-    return [require_tool("setpriv"), "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
+    return as_user("nobody", "nogroup")
 
 
 def parse_samples(text: str) -> dict[str, float]:

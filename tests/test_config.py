@@ -20,7 +20,7 @@ from checkpoint_exporter.config import (
     parse_config,
     parse_listen_address,
 )
-from tests.conftest import CLI, as_nobody, run_cli, write_config
+from tests.conftest import CLI, as_nobody, as_user_env, run_cli, write_config
 
 
 @pytest.fixture
@@ -228,7 +228,7 @@ def test_an_unreadable_job_path_is_a_warning(ckpt: Path) -> None:
             capture_output=True,
             text=True,
             timeout=60,
-            env={**os.environ, "HOME": "/"},
+            env=as_user_env({**os.environ, "HOME": "/"}),
         )
         assert result.returncode == 0, result.stderr
         warning = next(line for line in result.stderr.splitlines() if "jobs[1].path" in line)

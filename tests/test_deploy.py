@@ -32,7 +32,7 @@ from checkpoint_exporter.config import (
 )
 from checkpoint_exporter.mixin import generate
 from checkpoint_exporter.mixin.config import SPLIT, MixinConfig, load_mixin
-from tests.conftest import REPO, require_tool
+from tests.conftest import REPO, as_user, as_user_env, require_tool
 
 pytestmark = [pytest.mark.kubectl]
 
@@ -670,9 +670,9 @@ def _spool_init(pod: dict, spool: str) -> dict:
 def _run_as(
     uid: int, gid: int, argv: list[str], env: dict[str, str]
 ) -> subprocess.CompletedProcess:
-    command = [require_tool("setpriv"), f"--reuid={uid}", f"--regid={gid}", "--clear-groups"]
-    return subprocess.run([*command, *argv], capture_output=True, text=True, timeout=60,
-                          env={"PATH": "/usr/bin:/bin", "HOME": "/tmp", **env})  # fmt: skip
+    env = as_user_env({"PATH": "/usr/bin:/bin", "HOME": "/tmp", **env})
+    return subprocess.run([*as_user(uid, gid), *argv], capture_output=True, text=True, timeout=60,
+                          env=env)  # fmt: skip
 
 
 def _run_init(init: dict, spool: Path, spool_path: str) -> subprocess.CompletedProcess:
@@ -730,7 +730,7 @@ def _training_pod() -> dict:
 
 def _clocks_written(pod_security: dict, spool: Path) -> str:
     """What a training pod's instrument warns (nothing: its events reached the spool)."""
-    env = {"PYTHONPATH": str(REPO / "exporter"), "CHECKPOINT_EXPORTER_SPOOL": str(spool)}
+    env = {"CHECKPOINT_EXPORTER_SPOOL": str(spool)}
     uid, gid = pod_security["runAsUser"], pod_security["runAsGroup"]
     result = _run_as(uid, gid, [sys.executable, "-c", TRAINING_CLOCKS], env)
     assert result.returncode == 0, result.stderr
@@ -757,7 +757,7 @@ def test_each_shape_gives_training_pods_a_spool_they_can_write(
     assert stat.S_IMODE(mode.st_mode) == 0o1733
     assert (mode.st_uid, mode.st_gid) == (exporter["runAsUser"], exporter["runAsGroup"])
     assert _clocks_written(training, host_spool) == ""
-    env = {"PYTHONPATH": str(REPO / "exporter")}
+    env: dict[str, str] = {}
     read = _run_as(exporter["runAsUser"], exporter["runAsGroup"],
                    [sys.executable, "-c", EXPORTER_READS, str(host_spool)], env)  # fmt: skip
     assert read.returncode == 0, read.stderr

@@ -22,7 +22,6 @@ from pathlib import Path
 
 import pytest
 
-import checkpoint_exporter
 from checkpoint_exporter.core.tracker import ValidationRequest
 from checkpoint_exporter.daemon.scanner import Validator
 from checkpoint_exporter.sources.layouts.base import (
@@ -34,14 +33,12 @@ from checkpoint_exporter.sources.layouts.base import (
 )
 from checkpoint_exporter.sources.listing import OpsBudget, TreeReader
 from checkpoint_exporter.sources.validate import MISSING_SHARD, Limits, Verdict, validate
-from tests.conftest import as_nobody
+from tests.conftest import as_nobody, as_user_env
 from tests.faults.hungfs import hung_mount
 from tests.helpers.trees import scan
 
 pytestmark = [pytest.mark.torch]
 
-# Where this checkpoint_exporter was imported from, for the child run as nobody.
-PACKAGE_ROOT = str(Path(checkpoint_exporter.__file__).resolve().parent.parent)
 SECRET = b"s" * 4242
 SECRET_SHA = hashlib.sha256(SECRET).hexdigest()
 NEEDED = 5000  # what the metadata claims: a followed link would say "is 4242 bytes"
@@ -296,8 +293,7 @@ def test_a_link_into_a_directory_the_exporter_cannot_read_is_judged_like_any_lin
             os.chmod(root, 0o755)  # the target directory stays root's, 0700
             reply = subprocess.run(
                 [*as_nobody(), sys.executable, "-c", _AS_NOBODY, str(root), kind],
-                capture_output=True, text=True, check=True, timeout=120,
-                env={**os.environ, "PYTHONPATH": PACKAGE_ROOT},
+                capture_output=True, text=True, check=True, timeout=120, env=as_user_env(),
             )  # fmt: skip
             verdicts[target] = json.loads(reply.stdout)
         valid, reason, detail = verdicts["secret"]

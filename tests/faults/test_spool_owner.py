@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from checkpoint_exporter.sources.spool import HOLD, SpoolReader
-from tests.conftest import REPO, require_tool, sample, wait_for, write_config
+from tests.conftest import REPO, as_user, require_tool, sample, wait_for, write_config
 
 pytestmark = [pytest.mark.root]
 
@@ -310,10 +310,7 @@ def test_a_drill_through_the_exporter_run_as_its_own_user(base: Path, exporter) 
         base, f"spool: {base / 'spool'}\njobs: [{{name: jobB, path: {tree}, layout: dcp}}]\n"
     )
     os.chmod(config, 0o644)
-    as_exporter = [
-        require_tool("setpriv"), f"--reuid={EXPORTER}", f"--regid={EXPORTER}", "--clear-groups",
-    ]  # fmt: skip
-    served = exporter("--config.file", str(config), prefix=as_exporter)
+    served = exporter("--config.file", str(config), prefix=as_user(EXPORTER, EXPORTER))
     write_as(JOB, base, "jobB", "7")
     write_as(EXPORTER, base, "jobB", "drill")
     drills = "checkpoint_restore_drills_total"
