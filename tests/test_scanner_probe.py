@@ -4,6 +4,7 @@ the port opens before the scanner starts, and the workers its first turn adds.""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,17 +20,18 @@ def _scanner(tmp_path: Path) -> Scanner:
     return Scanner(config, Tracker(config))
 
 
-def test_a_probe_while_the_thread_starts_is_not_told_it_exited(tmp_path: Path) -> None:
-    """On a loaded node (CI, 2 cores) Thread.start() took long enough for the kubelet's probe to
-    find the thread not alive yet, and /healthz said "the scanner thread has exited"."""
-    scanner = _scanner(tmp_path)
-    answers: list[str | None] = []
+def _slow_start(
+    scanner: Scanner, before: Callable[[], object], after: Callable[[], object]
+) -> None:
+    """The scanner's thread, its start() slowed: ``before`` runs just before the real thread
+    starts, ``after`` just after (a loaded node may run either side of Thread.start())."""
     real = scanner._thread
 
-    class Probed(threading.Thread):
-        def start(self) -> None:  # a probe served just before the thread is alive
-            answers.append(scanner.liveness())
+    class Slowed(threading.Thread):
+        def start(self) -> None:
+            before()
             real.start()
+            after()
 
         def is_alive(self) -> bool:
             return real.is_alive()
@@ -37,7 +39,16 @@ def test_a_probe_while_the_thread_starts_is_not_told_it_exited(tmp_path: Path) -
         def join(self, timeout: float | None = None) -> None:
             real.join(timeout)
 
-    scanner._thread = Probed()
+    scanner._thread = Slowed()
+
+
+def test_a_probe_while_the_thread_starts_is_not_told_it_exited(tmp_path: Path) -> None:
+    """On a loaded node (CI, 2 cores) Thread.start() took long enough for the kubelet's probe to
+    find the thread not alive yet, and /healthz said "the scanner thread has exited"."""
+    scanner = _scanner(tmp_path)
+    answers: list[str | None] = []
+    # A probe served just before the thread is alive.
+    _slow_start(scanner, before=lambda: answers.append(scanner.liveness()), after=lambda: None)
     scanner.start()
     try:
         assert answers == [None]
@@ -56,20 +67,8 @@ def test_a_worker_the_first_turn_adds_runs_however_slowly_start_returns(tmp_path
         spool=tmp_path / "spool", discover=(DiscoverConfig(root, 10, 3600.0, Policy()),)
     )
     scanner = Scanner(config, Tracker(config))
-    real = scanner._thread
-
-    class SlowToReturn(threading.Thread):
-        def start(self) -> None:  # the first turn is done before start() returns
-            real.start()
-            wait_for(lambda: scanner._workers, timeout=5)
-
-        def is_alive(self) -> bool:
-            return real.is_alive()
-
-        def join(self, timeout: float | None = None) -> None:
-            real.join(timeout)
-
-    scanner._thread = SlowToReturn()
+    # The first turn is done before start() returns.
+    _slow_start(scanner, before=lambda: None, after=lambda: wait_for(lambda: scanner._workers, 5))
     scanner.start()
     try:
         assert wait_for(lambda: scanner.readiness() is None, timeout=10)
