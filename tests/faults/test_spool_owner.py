@@ -287,6 +287,20 @@ def test_only_drills_are_read_from_the_exporters_user(base: Path, shape: str) ->
     assert reader.squatted == {}
 
 
+def test_the_exporters_user_alone_is_the_jobs_where_nothing_says_whose_it_is(base: Path) -> None:
+    """One user runs the exporter and the training (a workstation, a single-tenant node), and
+    nothing says whose the job is: its saves are read. Before, the exporter's own uid was read
+    for drills only, and every save was refused as not_drill."""
+    write_as(EXPORTER, base, "jobB", "7")
+    write_as(EXPORTER, base, "jobB", "drill")
+    for known in (lambda: {"jobB": None}, None):
+        reader = SpoolReader(base / "spool", known_jobs=known)
+        reader.own_uid = EXPORTER
+        drill = [("restore_done", 1, True), ("restore_start", 1, True)]
+        assert events_of(reader) == sorted(SAVE_7 + drill)
+        assert reader.dropped_total["not_drill"] == 0
+
+
 _SHAPES: dict[str, frozenset[int] | None] = {
     "node": frozenset({JOB}),  # the tree's owner (or spool_owner) says whose jobB is
     "cluster": None,  # a node-scope process: nothing says

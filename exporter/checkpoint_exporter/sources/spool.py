@@ -921,15 +921,20 @@ def _trusted(owners: Mapping[str, int], expected: Owners, own_uid: int) -> _Trus
     """Which of one job's directories (name: owner uid) are the job's; None while its owner is
     not known yet (HOLD). Root's are; a ``<job>@<uid>`` one only if that uid owns it; the others
     if their owner is ``expected``, or where nothing is expected, if one user alone owns them.
-    The exporter's own uid's are trusted for drills (unless that uid is the job's): they are not
-    the job's, and are no contest either."""
+    The exporter's own uid's are trusted for drills (unless that uid is the job's: expected, or
+    where nothing is expected, the only user writing for it): they are not the job's, and are
+    no contest either."""
     if expected is not None and not expected:
         return None
     honest = {n: uid for n, uid in owners.items() if uid == 0 or _claimed(n) in (None, uid)}
-    drills = {
-        n for n, uid in honest.items()
-        if uid == own_uid and uid != 0 and (expected is None or uid not in expected)
-    }  # fmt: skip
+    if expected is None:
+        # Nothing says whose the job is: the exporter's uid is the job's where no other user
+        # writes for it (one user running both; drills-only refused every save of theirs).
+        others = {uid for uid in honest.values() if uid not in (0, own_uid)}
+        theirs = others or {own_uid}
+    else:
+        theirs = expected
+    drills = {n for n, uid in honest.items() if uid == own_uid != 0 and uid not in theirs}
     jobs = {n: uid for n, uid in honest.items() if n not in drills}
     if expected is not None:
         return _Trusted({n for n, uid in jobs.items() if uid == 0 or uid in expected}, drills)
