@@ -6,6 +6,7 @@ reload, or the watching of what appears later ([pager] item 5)."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -106,6 +107,27 @@ def test_discovery_watches_the_newest_runs_and_empty_directories_take_no_slot(
     text = served.metrics()
     assert sample(text, "checkpoint_job_info", training_job="older") is None
     assert sample(text, "checkpoint_last_committed_step", training_job="old") == 1
+
+
+def test_a_gone_run_kept_until_forget_after_makes_room_too(tmp_path: Path, exporter) -> None:
+    """max_jobs is 1. The watched run's directory is removed (its job kept, last state visible,
+    until forget_after) and a new run appears: the gone run, idle longest, makes room. Before,
+    making room looked up the gone run in the listing (a KeyError that failed the scanner's
+    turn, every listing): the new run was never watched."""
+    root = tmp_path / "runs"
+    dcp_generation(root / "old" / "step-1")
+    age(root / "old", 2 * DAY)
+    config = write_config(
+        tmp_path,
+        f"discover: [{{root: {root}, max_jobs: 1, forget_after: 1h, poll_interval: 1s}}]\n",
+    )
+    served = exporter("--config.file", str(config))
+    assert served.value("checkpoint_last_committed_step", training_job="old") == 1
+    shutil.rmtree(root / "old")
+    dcp_generation(root / "new" / "step-9")
+    wait_for(lambda: served.value("checkpoint_last_committed_step", training_job="new") == 9)
+    assert served.value("checkpoint_job_info", training_job="old", tier="durable") is None
+    assert not any("scanner turn failed" in line for line in served.drain_log())
 
 
 def test_the_spool_is_reported_unwritable_until_training_jobs_can_write_it(

@@ -4,6 +4,7 @@ the port opens before the scanner starts, and the workers its first turn adds.""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -91,3 +92,25 @@ def test_a_scanner_thread_that_died_is_reported(
     finally:
         scanner.stop()
     assert scanner.liveness() is None  # stopped on purpose: not a failure
+
+
+def test_a_timer_that_fails_costs_no_other_timer_of_its_turn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug in one timer's handling failed the whole turn: the timers popped after it were
+    lost, never due again (the spool's poll among them: the spool never read again)."""
+    scanner = _scanner(tmp_path)
+    handled: list[tuple[str, ...]] = []
+
+    def due(self: Scanner, key: tuple[str, ...], now: float) -> None:
+        handled.append(key)
+        if key == ("broken",):
+            raise RuntimeError("a bug")
+
+    monkeypatch.setattr(Scanner, "_due", due)
+    start = time.monotonic() - 10
+    scanner._timers.at(("broken",), start)
+    scanner._timers.at(("spool",), start + 1)
+    with pytest.raises(RuntimeError, match="a bug"):
+        scanner._turn()  # the loop logs it
+    assert ("spool",) in handled

@@ -319,9 +319,10 @@ class Scanner:
         self._wake.set()
         deadline = time.monotonic() + timeout
         self._thread.join(timeout=timeout)
-        for worker in self._workers.values():
+        # Copies: a turn still running past the join may add a mount's worker.
+        for worker in list(self._workers.values()):
             worker.stop()
-        for validator in self._validators.values():
+        for validator in list(self._validators.values()):
             validator.stop(timeout=max(0.0, deadline - time.monotonic()))
         if self.watcher is not None:
             self.watcher.stop()
@@ -394,16 +395,27 @@ class Scanner:
             # or an instrumented save whose commit is read first is counted twice (once from the
             # disk alone, once from its events).
             self._read_spool()
+        # One item's or timer's failure (a bug) must not drop the others of this turn: a lost
+        # read leaves its tier pending for good, a lost timer is never due again.
+        failed: Exception | None = None
         for item in items:
-            self._receive(item)
+            try:
+                self._receive(item)
+            except Exception as error:
+                failed = failed or error
         self._apply_verdicts()
         now = time.monotonic()
         for key in self._timers.pop_due(now):
-            self._due(key, now)
+            try:
+                self._due(key, now)
+            except Exception as error:
+                failed = failed or error
             if self._stop.is_set():
                 return
         self._send_reads()
         self._publish()
+        if failed is not None:
+            raise failed  # logged by the loop, once per run of failures
 
     def _receive(self, item: object) -> None:
         if isinstance(item, list):  # a batch of reads
@@ -583,7 +595,7 @@ class Scanner:
                 self._limits, self._verdicts, self._wake.set, name=f"validator {mountpoint}"
             )
             self._validators[mountpoint] = validator
-            if self._started:
+            if self._started and not self._stop.is_set():  # one added while stopping stays idle
                 worker.start()
                 validator.start()
             self._health = None
@@ -799,7 +811,8 @@ class Scanner:
                 entry.root, entry.max_jobs, name, time.strftime("%Y-%m-%dT%H:%M:%SZ",
                 time.gmtime(since)), candidate.name,
             )  # fmt: skip
-            discovery.displaced[name] = present[name].mtime
+            if name in present:  # not a run gone from the root, kept until forget_after
+                discovery.displaced[name] = present[name].mtime
             self._remove(name)
             freed += 1
         return freed
