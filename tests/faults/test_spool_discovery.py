@@ -115,3 +115,23 @@ def test_the_reader_tells_a_job_from_a_mkdir(tmp_path: Path) -> None:
     os.utime(tmp_path, (time.time() + 5, time.time() + 5))
     reader.poll()
     assert "empty" not in reader.listed()
+
+
+def test_a_directory_dated_ahead_of_the_clock_is_not_the_newest(tmp_path: Path) -> None:
+    """The spool is this node's: nothing in it is dated ahead of its clock but by a tenant's
+    `touch -d 2099`, which made a job the newest for ever (first to a max_jobs slot, never the
+    one idle longest). Such a date counts for nothing: the directory is dated by its other
+    changes, or ranks oldest."""
+    (tmp_path / "forged").mkdir()
+    (tmp_path / "forged" / "h-1.jsonl").write_text("")
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "h-2.jsonl").write_text("")
+    ahead = time.time() + 365 * DAY
+    for path in (tmp_path / "forged" / "h-1.jsonl", tmp_path / "forged"):
+        os.utime(path, (ahead, ahead))
+    reader = SpoolReader(tmp_path, known_jobs=lambda: {"real": None, "forged": None})
+    reader.poll()
+    reader.poll()
+    listed = reader.listed()
+    assert listed["forged"] == Listed(0.0, True)
+    assert 0 < listed["real"].mtime <= time.time()

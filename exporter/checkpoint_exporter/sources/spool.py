@@ -623,15 +623,18 @@ class SpoolReader:
                 removed = True
         directory.files, directory.refused = files, refused
         directory.listed, directory.history = True, False
-        self._saw(name, listing, [f.mtime for f in files.values()])
+        self._saw(name, listing, [f.mtime for f in files.values()], now)
         emptied = not files and not refused and (removed or now - listing.mtime > self.retention)
         if emptied and self._remove_directory(root, name):
             del self._dirs[name]
 
-    def _saw(self, name: str, listing: _Listing, mtimes: list[float]) -> None:
-        """What a complete listing of ``name`` found, for ``listed``."""
+    def _saw(self, name: str, listing: _Listing, mtimes: list[float], now: float) -> None:
+        """What a complete listing of ``name`` found, for ``listed``. The spool is this node's:
+        a date ahead of its clock is a tenant's ``touch -d``, which would make a job the newest
+        for ever; it counts for nothing (0: oldest, when nothing else dates the directory)."""
         if name in self._names:  # not one gone from the root since
-            self._seen[name] = (max([listing.mtime, *mtimes]), bool(mtimes))
+            dates = [t for t in (listing.mtime, *mtimes) if t <= now + FUTURE_SLACK]
+            self._seen[name] = (max(dates, default=0.0), bool(mtimes))
 
     def _remove_directory(self, root: int, name: str) -> bool:
         """Remove a job's spool directory left empty by retention: its job has written nothing
@@ -840,7 +843,7 @@ class SpoolReader:
                 continue
             total += st.st_size
             left.append(st.st_mtime)
-        self._saw(name, listing, left)
+        self._saw(name, listing, left, now)
         idle = now - listing.mtime > self.retention
         if not left and (removed or idle) and self._remove_directory(root, name):
             del self._unknown[name]
