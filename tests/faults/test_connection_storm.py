@@ -335,3 +335,31 @@ def test_a_probe_in_hand_is_never_closed_to_make_room() -> None:
         for sock in burst:
             sock.close()
         server.stop()
+
+
+def test_a_connection_whose_opening_fails_holds_no_slot(
+    serve,
+    monkeypatch: pytest.MonkeyPatch,  # noqa: F811
+) -> None:
+    """A bug in a new connection's first read (after it joined the tables) costs that
+    connection only: it leaves every table, not holding its address's slot until a deadline
+    that it may never get, and the next client is answered."""
+    server, _ = serve(BigRenderer())
+    real_read = connections.ConnectionLoop._read
+    failed: list[bool] = []
+
+    def read_once_broken(self: connections.ConnectionLoop, connection: object) -> None:
+        if not failed:
+            failed.append(True)
+            raise RuntimeError("a bug")
+        real_read(self, connection)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(connections.ConnectionLoop, "_read", read_once_broken)
+    broken = socket.create_connection(("127.0.0.1", server.address.port))
+    try:
+        wait_for(lambda: failed)
+        wait_for(lambda: server.connections.open_connections == 0)
+        assert server.connections._by_client == {}
+        assert _request(server, "127.0.6.1", "/healthz") == (200, 3)
+    finally:
+        broken.close()

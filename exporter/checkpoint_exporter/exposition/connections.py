@@ -261,12 +261,16 @@ class ConnectionLoop:
         connection = Connection(sock, client, tls=self._tls is not None)
         self._connections.add(connection)
         self._by_client.setdefault(client[0], set()).add(connection)
-        if connection.tls:
-            self._enter(connection, HANDSHAKE, now + HANDSHAKE_SECONDS, now)
-            self._handshake(connection)
-        else:
-            self._enter(connection, READING, now + REQUEST_SECONDS, now)
-            self._read(connection)
+        try:
+            if connection.tls:
+                self._enter(connection, HANDSHAKE, now + HANDSHAKE_SECONDS, now)
+                self._handshake(connection)
+            else:
+                self._enter(connection, READING, now + REQUEST_SECONDS, now)
+                self._read(connection)
+        except Exception:
+            self._close(connection)  # out of every table, not left to hold its slot
+            raise
 
     def _ready(self, connection: Connection) -> None:
         if connection.state == HANDSHAKE:
