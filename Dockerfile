@@ -54,8 +54,9 @@ LABEL org.opencontainers.image.title="checkpoint-exporter" \
       org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.base.name="${BASE}" \
       io.checkpoint-exporter.flavor="${FLAVOR}"
-# A user of its own, without home or shell. Any other uid works too (--user 65534, a pod's
-# runAsUser): nothing in the image is written at run time.
+# A user of its own, without home or shell. Any other uid works too (a pod's runAsUser): nothing
+# in the image is written at run time. Keep it one no training job runs as: the spool trusts the
+# exporter's uid with restore drills for every job (docs/security.md).
 RUN groupadd --system --gid 10001 exporter \
     && useradd --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
        --shell /usr/sbin/nologin exporter
