@@ -338,8 +338,8 @@ def test_a_probe_in_hand_is_never_closed_to_make_room() -> None:
 
 
 def test_a_connection_whose_opening_fails_holds_no_slot(
-    serve,
-    monkeypatch: pytest.MonkeyPatch,  # noqa: F811
+    serve,  # noqa: F811 (the fixture)
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A bug in a new connection's first read (after it joined the tables) costs that
     connection only: it leaves every table, not holding its address's slot until a deadline
@@ -363,3 +363,37 @@ def test_a_connection_whose_opening_fails_holds_no_slot(
         assert _request(server, "127.0.6.1", "/healthz") == (200, 3)
     finally:
         broken.close()
+
+
+def test_a_scrape_waiting_longest_in_hand_is_not_closed_for_its_address_s_burst() -> None:
+    """A scrape in a handler's hands, then a burst of requests from its own address (a flood of
+    password guesses beside Prometheus, a tenant sharing the node's address): at the address's
+    cap the newest requests in hand make room, not the scrape that has waited longest. Before,
+    the oldest did: the scrape was closed unanswered."""
+    held_renderer = _Held()
+    server = MetricsServer(
+        WebConfig(listen_address="127.0.0.1:0"),
+        held_renderer,  # type: ignore[arg-type]
+        liveness=lambda: None,
+    )
+    server.start()
+    answer: list[tuple[int, int] | None] = []
+    scraper = threading.Thread(
+        target=lambda: answer.append(_request(server, "127.0.7.1", "/metrics"))
+    )
+    burst: list[socket.socket] = []
+    try:
+        scraper.start()
+        wait_for(lambda: [c.state for c in list(server.connections._connections)] == ["handling"])
+        for _ in range(2 * connections.MAX_CONNECTIONS_PER_CLIENT):
+            burst.append(_slow_reader(server, "127.0.7.1"))
+        wait_for(lambda: server.connections.dropped["evicted (client cap)"]
+                 >= connections.MAX_CONNECTIONS_PER_CLIENT)  # fmt: skip
+        held_renderer.release.set()
+        scraper.join(PROBE_TIMEOUT + 10)
+        assert answer == [(200, BODY)]
+    finally:
+        held_renderer.release.set()
+        for sock in burst:
+            sock.close()
+        server.stop()

@@ -21,7 +21,7 @@ password); the network's pace is the loop's business, with a deadline for every 
 At most MAX_CONNECTIONS are open, and at most MAX_CONNECTIONS_PER_CLIENT from one address.
 Beyond either, a new connection is still let in: the connection waiting longest for a request
 makes room, else the writer that has made no progress for longest (however little it has left
-to write), else the request handed to a handler longest ago (its answer is dropped), never a
+to write), else the request handed to a handler most recently (its answer is dropped), never a
 probe's; among that address's own connections at its cap, among all at the server's. So a storm
 of clients that ask and never read cannot keep a probe or a scrape out, and one address cannot
 take more than its share. Answers waiting to be written hold at most MAX_PENDING_OUTPUT
@@ -147,7 +147,8 @@ class ConnectionLoop:
         # Connections that may be closed to make room, oldest in their state first.
         self._evictable: OrderedDict[Connection, None] = OrderedDict()
         # Connections writing, the one that made progress longest ago first; and handled,
-        # the oldest request first: when nothing is evictable, they make room, in this order.
+        # the oldest request first: when nothing is evictable, writers make room oldest first, then
+        # handled requests newest first (_victim).
         self._writers: OrderedDict[Connection, None] = OrderedDict()
         self._handling: OrderedDict[Connection, None] = OrderedDict()
         self._by_client: dict[Any, set[Connection]] = {}
@@ -534,14 +535,19 @@ class ConnectionLoop:
     def _victim(self, among: set[Connection] | None) -> Connection | None:
         """The connection waiting longest in an evictable state; else the writer that made
         progress longest ago, whatever it has left to write (a client that never reads renews
-        its write deadline with each request); else the request handed to a handler longest
-        ago. Never a probe's request: its connection is answered in a moment."""
-        for tier in (self._evictable, self._writers, self._handling):
-            if among is None:  # each tier is in that order already
-                found = next((c for c in tier if not _probe(c)), None)
+        its write deadline with each request); else the request handed to a handler most
+        recently: one that has waited longest (Prometheus' behind a flood of its own address's
+        password guesses) is not the flood's to close. Never a probe's request: its connection
+        is answered in a moment."""
+        for tier, newest in ((self._evictable, False), (self._writers, False),
+                             (self._handling, True)):  # fmt: skip
+            if among is None:  # each tier is in oldest-first order already
+                order = reversed(tier) if newest else iter(tier)
+                found = next((c for c in order if not _probe(c)), None)
             else:  # at most MAX_CONNECTIONS_PER_CLIENT
-                found = min((c for c in among if c in tier and not _probe(c)), default=None,
-                            key=lambda c: c.turn)  # fmt: skip
+                pick = max if newest else min
+                found = pick((c for c in among if c in tier and not _probe(c)), default=None,
+                             key=lambda c: c.turn)  # fmt: skip
             if found is not None:
                 return found
         return None
