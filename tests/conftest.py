@@ -74,7 +74,7 @@ class Exporter:
             stderr=subprocess.PIPE,
             text=True,
             cwd=cwd,
-            # A prefix runs it as another user, who may not read the checkout.
+            # A prefix may run it as another user (setpriv), who may not read the checkout.
             env=as_user_env(merged) if prefix else merged,
         )
         self.lines: queue.Queue[str] = queue.Queue()
