@@ -306,7 +306,11 @@ def _step(generation: Path) -> int:
 def _config(workdir: Path, port: int) -> str:
     lines = [
         f"spool: {workdir / 'spool'}",
-        "defaults: {restore_drill_max_age: 5m}",
+        # No reserve: the demo's checkpoints are a few kilobytes on whatever disk the machine
+        # has; with the default 20 % every job paged CheckpointCapacityLow on a disk over 80 %
+        # full, a fault the demo does not play. A disk too full for one more generation still
+        # pages.
+        "defaults: {restore_drill_max_age: 5m, capacity_reserve: 0}",
         f"web: {{listen_address: '127.0.0.1:{port}'}}",
         "jobs:",
     ]
