@@ -259,30 +259,64 @@ def test_slow_readers_from_one_address_hold_its_share_only(serve) -> None:  # no
             sock.close()
 
 
+def _until_slow_readers_stall(server: MetricsServer) -> None:
+    """Until no slow reader's answer moves for 0.3 s: its first MiBs go into the kernel's
+    buffers on loopback, and each send is progress until they are full."""
+
+    def turns() -> dict[int, int]:
+        return {
+            id(c): c.turn
+            for c in list(server.connections._connections)
+            if c.state == connections.WRITING and c.client[0].startswith("127.0.4.")
+        }
+
+    before = turns()
+    while True:
+        time.sleep(0.3)
+        now = turns()
+        if now == before:
+            return
+        before = now
+
+
 def test_a_scrape_that_reads_is_not_closed_for_stalled_ones(
     serve,  # noqa: F811
     monkeypatch,
 ) -> None:
     """A scraper reading its answer makes progress: at the cap, the writers that stalled
-    before it go first, however late they came."""
+    before it go first, however late they came. Progress is a send, so a reader is seen
+    progressing once it has drained the kernel's buffers: left, a reader that reads less than
+    them between two newcomers can be taken for stalled."""
     monkeypatch.setattr(connections, "MAX_CONNECTIONS", 8)
     server, _ = serve(BigRenderer())
-    reading = socket.create_connection(("127.0.0.1", server.address.port), timeout=10)
+    # A small receive buffer, as the slow readers': each MiB it reads is one the server sends
+    # then (its progress), not one loopback's large buffers held before the next reader came.
+    reading = socket.socket()
+    reading.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+    reading.settimeout(10)
+    reading.connect(("127.0.0.1", server.address.port))
     reading.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
     got = len(reading.recv(65536))
     held = [_slow_reader(server, f"127.0.4.{n}") for n in range(1, 8)]
     try:
         wait_for(lambda: _stalled(server) >= 8)
-        for n in range(8, 20):  # new slow readers keep coming; the reader goes on reading
-            while got < 1024 * 1024 * (n - 7):
-                got += len(reading.recv(1024 * 1024))
+        # New slow readers keep coming; the reader goes on reading, each time more than the
+        # kernel's buffers hold (a 4 MiB send buffer at most here: tcp_wmem), so the server has
+        # sent it more since the last one came.
+        for n in range(8, 11):
+            while got < 5 * 1024 * 1024 * (n - 7):
+                chunk = reading.recv(1024 * 1024)
+                assert chunk, f"the reading scraper was closed after {got} bytes"
+                got += len(chunk)
             held.append(_slow_reader(server, f"127.0.4.{n}"))
             wait_for(lambda n=n: _settled(server, n + 1))  # the reader is a writer too
+            _until_slow_readers_stall(server)
         while chunk := reading.recv(1024 * 1024):
             got += len(chunk)
             if got >= BODY:
                 break
         assert got >= BODY  # the whole answer (its head and body), never cut
+        assert server.connections.dropped["evicted (full)"] >= 3  # the stalled went
     finally:
         reading.close()
         for sock in held:
