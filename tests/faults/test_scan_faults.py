@@ -41,6 +41,11 @@ def test_retention_racing_the_scanner(tmp_path: Path, exporter) -> None:
         for step in range(1, 61):
             dcp_generation(staging / f"step-{step}", shards=20)
             os.rename(staging / f"step-{step}", job / f"step-{step}")
+            # Seen committed before retention takes it, as every real generation is (retention
+            # keeps three saves' intervals): a generation first seen half-deleted, shards
+            # without .metadata, is a save in progress to the exporter (noted as left).
+            wait_for(lambda step=step: served.value(
+                "checkpoint_last_committed_step", training_job="j") == step, 10)  # fmt: skip
             if step > 3:
                 shutil.rmtree(job / f"step-{step - 3}")  # keep_latest_k=3, racing the scans
     finally:
