@@ -264,6 +264,27 @@ def test_auto_detection_picks_each_writer(tmp_path: Path) -> None:
         assert scan(root)[0] == expected
 
 
+def test_a_save_in_progress_cannot_flip_the_layout(tmp_path: Path) -> None:
+    # NeMo 3 touches `<name>-unfinished` beside Lightning `.ckpt` files while it saves: the
+    # marker is the nemo layout's surest sign (NeMo 2 directories), but nemo finds no
+    # checkpoint here, and lightning finds two that last. Before, every .ckpt vanished from
+    # the metrics for the length of each save.
+    build(tmp_path, {"epoch=0-step=10.ckpt": 64, "epoch=0-step=20.ckpt": 64}, BASE)
+    build(tmp_path, {"epoch=0-step=30-unfinished": 0}, BASE + 5)
+    layout, found = scan(tmp_path)
+    assert layout == "lightning"
+    assert {"epoch=0-step=10.ckpt", "epoch=0-step=20.ckpt"} <= set(found)
+
+
+def test_with_nothing_that_lasts_yet_the_surest_sign_decides(tmp_path: Path) -> None:
+    # A job's first save, still being written: no layout finds a lasting checkpoint, so the
+    # specific writer's sign wins over the generic DCP reading of the same directory.
+    build(tmp_path / "megatron", {"iter_0000001/__0_0.distcp": 8}, BASE)
+    assert scan(tmp_path / "megatron")[0] == "megatron"
+    build(tmp_path / "orbax", {"1.orbax-checkpoint-tmp-7/d/file": 8}, BASE)
+    assert scan(tmp_path / "orbax")[0] == "orbax"
+
+
 def test_a_tree_with_nothing_recognisable_has_no_layout(tmp_path: Path) -> None:
     from checkpoint_exporter.sources.layouts import detect
     from checkpoint_exporter.sources.listing import OpsBudget, TreeReader

@@ -1364,8 +1364,11 @@ def _found(
         return [], None
     if tier.parsed is not None and tier.parsed[0] is tree:
         return tier.parsed[1], tier.parsed[2]
-    name = fixed_layout or layouts.detect(tree)  # type: ignore[arg-type]
-    found = [] if name is None else layouts.REGISTRY[name].parse(tree, options)  # type: ignore[arg-type]
+    if fixed_layout:
+        name: str | None = fixed_layout
+        found = layouts.REGISTRY[fixed_layout].parse(tree, options)  # type: ignore[arg-type]
+    else:
+        name, found = layouts.identify(tree, options)  # type: ignore[arg-type]
     detected = None if fixed_layout else name
     tier.parsed = (tree, found, detected)
     return found, detected
