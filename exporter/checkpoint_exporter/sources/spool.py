@@ -424,19 +424,24 @@ class SpoolReader:
 
     def _wanted(self, known: Mapping[str, Owners] | None, current: bool) -> dict[str, str]:
         """Directory name -> job, for the directories of the known jobs: the job's own name and
-        the ``<job>@<uid>`` ones listed. While the root listing is ``current`` (the root's mtime
-        has not moved since), a job's own name is opened only if the listing showed it or it is
-        followed (to see it go or be swapped): no directory can have appeared without moving
-        the root's mtime, and opening every known job's name on every poll made 1,000 idle jobs
-        cost 3 to 6 times the CPU of 10. Otherwise it is opened even before a listing shows it,
-        so a job's first events wait for no relisting."""
-        jobs = known if known is not None else self._jobs
-        wanted = {job: job for job in jobs if _plain_name(job) and "@" not in job}
+        the ``<job>@<uid>`` ones listed.
+
+        While the root listing is ``current`` (the root's mtime has not moved since), only the
+        jobs of the directories it showed, or followed ones (to see them go or be swapped), are
+        looked at: no directory can have appeared without moving the root's mtime, so a job
+        without one costs nothing (asking about every known job and opening its name at every
+        poll made 1,000 idle jobs cost several times the CPU of 10). Otherwise every known job's
+        own name is opened, even before a listing shows it, so a job's first events wait for no
+        relisting."""
+        jobs: Collection[str] = known if known is not None else self._jobs
+        present: Collection[str] = ()
         if current:
             present = self._names | self._dirs.keys()
-            wanted = {name: job for name, job in wanted.items() if name in present}
-        for job in [job for job in self._aliases if job in wanted]:
-            wanted.update(dict.fromkeys(self._aliases[job], job))
+            jobs = {job for job in map(_job_of, present) if job in jobs}
+        plain = [job for job in jobs if _plain_name(job) and "@" not in job]
+        wanted = {job: job for job in plain if not current or job in present}
+        for job in plain:
+            wanted.update(dict.fromkeys(self._aliases.get(job, ()), job))
         return wanted
 
     def _follow(
