@@ -246,6 +246,23 @@ def test_a_directory_made_in_the_tick_of_the_listing_is_still_opened_at_once(
     assert "late" in _directory_opens(reader, monkeypatch)
 
 
+def test_a_job_whose_only_directory_names_its_uid_is_followed_while_the_root_is_still(
+    tmp_path: Path,
+) -> None:
+    """``<job>@<uid>`` is where a job's ranks of another user write (instrument's fallback):
+    skipping the known jobs without a directory of their own name must not skip it."""
+    directory = tmp_path / f"j@{os.geteuid()}"
+    directory.mkdir()
+    (directory / "h.jsonl").write_text(json.dumps(_record(1)) + "\n")
+    settled = time.time() - 60
+    os.utime(tmp_path, (settled, settled))
+    reader = SpoolReader(tmp_path, known_jobs=lambda: {"j": None})
+    assert [e.step for e in reader.poll()] == [1]
+    with (directory / "h.jsonl").open("a") as spool:
+        spool.write(json.dumps(_record(2)) + "\n")
+    assert [e.step for e in reader.poll()] == [2]
+
+
 WRITER = """
 import sys, os
 sys.path.insert(0, sys.argv[1])
