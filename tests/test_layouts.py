@@ -257,6 +257,7 @@ def test_auto_detection_picks_each_writer(tmp_path: Path) -> None:
         "hf": {"checkpoint-1/trainer_state.json": 1},
         "lightning": {"epoch=0-step=1.ckpt": 1},
         "orbax": {"1/_CHECKPOINT_METADATA": b"{}"},
+        "torchsave": {"ckpt_step_1.pt": 1},
     }
     for expected, files in trees.items():
         root = tmp_path / expected

@@ -85,6 +85,8 @@ def _named(digits: str) -> list[tuple[str, dict[str, object], str]]:
         ("orbax", {f"{d}.orbax-checkpoint-tmp/default/x": 8}, f"{d}.orbax-checkpoint-tmp"),
         ("torchtitan", {f"checkpoint/step-{d}/{n}": s for n, s in dcp.items()},
          f"checkpoint/step-{d}"),
+        ("torchsave", {f"ckpt_step_{d}.pt": 8}, f"ckpt_step_{d}.pt"),
+        ("torchsave", {f"ckpt_step_{d}.pt.tmp": 8}, f"ckpt_step_{d}.pt"),
     ]  # fmt: skip
 
 

@@ -618,6 +618,7 @@ class Scanner:
             marker_names=layouts.MARKER_NAMES,
             marker_suffixes=layouts.MARKER_SUFFIXES,
             follow_root_symlink=tier.follow_root,
+            root_marker=layouts.ROOT_MARKER,
         )
         if mode == INOTIFY and self.watcher is not None:
             failure = self.watcher.watch(

@@ -15,6 +15,7 @@ from checkpoint_exporter.sources.layouts import (
     megatron,
     nemo,
     orbax,
+    torchsave,
     torchtitan,
 )
 from checkpoint_exporter.sources.layouts.base import COMMITTED, Found, Layout, Options
@@ -29,6 +30,7 @@ REGISTRY: dict[str, Layout] = {
         deepspeed.LAYOUT,
         hf.LAYOUT,
         lightning.LAYOUT,
+        torchsave.LAYOUT,
         orbax.LAYOUT,
         dcp.LAYOUT,
     )
@@ -54,6 +56,9 @@ MARKER_NAMES = ALL_CONTENT_FILES | frozenset(
     }
 )
 MARKER_SUFFIXES = (".ckpt", ".safetensors")  # single-file checkpoints, overwritten in place
+# Markers in a tier's root only: torch.save files written in place under their final name, and
+# their temporary names (``.pt`` at any depth would make every rank's states file a marker).
+ROOT_MARKER = torchsave.is_root_marker
 
 
 def identify(root: Dir, options: Options) -> tuple[str | None, list[Found]]:
@@ -92,6 +97,7 @@ __all__ = [
     "MARKER_NAMES",
     "MARKER_SUFFIXES",
     "REGISTRY",
+    "ROOT_MARKER",
     "Found",
     "Layout",
     "Options",
