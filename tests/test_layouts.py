@@ -254,6 +254,7 @@ def test_auto_detection_picks_each_writer(tmp_path: Path) -> None:
         "megatron": {"iter_0000001/metadata.json": 1},
         "nemo": {"m--step=1-consumed_samples=8/weights/.metadata": 1},
         "deepspeed": {"global_step1/mp_rank_00_model_states.pt": 1, "latest": b"global_step1"},
+        "accelerate": {"checkpoints/checkpoint_0/random_states_0.pkl": 1},
         "hf": {"checkpoint-1/trainer_state.json": 1},
         "lightning": {"epoch=0-step=1.ckpt": 1},
         "orbax": {"1/_CHECKPOINT_METADATA": b"{}"},

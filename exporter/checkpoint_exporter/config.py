@@ -56,8 +56,8 @@ DEFAULT_PORT = 25780
 DEFAULT_LISTEN_ADDRESS = f":{DEFAULT_PORT}"
 
 LAYOUTS = (
-    "auto", "dcp", "torchtitan", "megatron", "nemo", "deepspeed", "hf", "lightning", "orbax",
-    "torchsave",
+    "auto", "dcp", "torchtitan", "megatron", "nemo", "deepspeed", "accelerate", "hf", "lightning",
+    "orbax", "torchsave",
 )  # fmt: skip
 WATCH_MODES = ("auto", "inotify", "poll")
 GPU_MODES = ("auto", "on", "off")

@@ -8,6 +8,7 @@ a checkpoint there that lasts.
 from __future__ import annotations
 
 from checkpoint_exporter.sources.layouts import (
+    accelerate,
     dcp,
     deepspeed,
     hf,
@@ -28,6 +29,7 @@ REGISTRY: dict[str, Layout] = {
         megatron.LAYOUT,
         nemo.LAYOUT,
         deepspeed.LAYOUT,
+        accelerate.LAYOUT,
         hf.LAYOUT,
         lightning.LAYOUT,
         torchsave.LAYOUT,
@@ -53,6 +55,10 @@ MARKER_NAMES = ALL_CONTENT_FILES | frozenset(
         "commit_success.txt",  # Orbax on non-atomic filesystems
         "meta.pt",  # Lightning sharded checkpoints
         "model.safetensors.index.json",  # save_pretrained, torchtitan's HF export
+        # Accelerate's main process rewrites it at every save_state into a directory that
+        # exists, where ``torch.save`` truncates files in place (no new name, no mtime of the
+        # directory moved): the one file of such a rewrite a poll is sure to see.
+        "random_states_0.pkl",
     }
 )
 MARKER_SUFFIXES = (".ckpt", ".safetensors")  # single-file checkpoints, overwritten in place
