@@ -1,11 +1,11 @@
 """nvidia-resiliency-ext 0.4.1: its asynchronous DCP save into ``ROOT/step-N``, two ranks.
 
-Two ranks on one gloo process group (a ``FileStore`` in a private folder outside ROOT: no TCP
-port to collide with another test's): this process is rank 0 and reads the commands; it starts
-rank 1 (this script again) and hands each command on with ``broadcast_object_list``. The model is
-sharded over both ranks with FSDP2 (``fully_shard`` on a CPU device mesh), so each rank writes
-its own shards, as in nvidia-resiliency-ext's FSDP example (``examples/checkpointing/
-async_writer.py``), whose recipe this follows:
+Two ranks on one gloo process group (a ``FileStore`` in a private folder beside ROOT, not in
+it: no TCP port to collide with another test's): this process is rank 0 and reads the commands;
+it starts rank 1 (this script again) and hands each command on with ``broadcast_object_list``.
+The model is sharded over both ranks with FSDP2 (``fully_shard`` on a CPU device mesh), so each
+rank writes its own shards, as in nvidia-resiliency-ext's FSDP example (``examples/
+checkpointing/async_writer.py``), whose recipe this follows:
 
 1. ``init_checkpoint_metadata_cache()`` once; an ``AsyncCallsQueue()`` (persistent: one spawned
    checkpoint worker per rank);
@@ -102,7 +102,9 @@ def main() -> None:
     root = Path(sys.argv[1])
     rank = int(sys.argv[2]) if len(sys.argv) > 2 else 0
     if rank == 0:
-        private = tempfile.mkdtemp(prefix="nvrx-writer-")
+        # Beside the watched root, never in it: the test's own folder, removed with it even
+        # when the driver is SIGKILLed.
+        private = tempfile.mkdtemp(prefix="nvrx-writer-", dir=root.parent)
         os.environ[HANG_FLAG] = os.path.join(private, "hang")
         # Rank 1 stays in this process group (the test SIGKILLs the group); its stdout goes to
         # stderr so that only rank 0 speaks the driver protocol, its writers' "hanging" aside.
