@@ -42,6 +42,24 @@ def test_dcp_without_collectives_commits_when_every_rank_has_metadata(tmp_path: 
     assert found["b"].commit_time == BASE + 3
 
 
+def test_nvidia_resiliency_ext_async_saves_are_read_as_dcp(tmp_path: Path) -> None:
+    """Names and sizes captured from nvidia-resiliency-ext 0.4.1's async save (two ranks,
+    ``thread_count=2``: each rank's two forked writers, one shard each; tests/writers/
+    test_nvrx.py): a committed step and one killed inside the writers, before the finalize step
+    renamed ``.metadata`` into place."""
+    shards = {"__0_0.distcp": 798454, "__0_1.distcp": 797942, "__1_0.distcp": 806020}
+    build(tmp_path, {f"step-5/{name}": size for name, size in shards.items()}, BASE)
+    build(tmp_path, {"step-5/__1_1.distcp": 811880, "step-5/.metadata": 8672}, BASE + 2)
+    killed = {"__0_0.distcp": 263721, "__0_1.distcp": 263721, "__1_0.distcp": 1261}
+    build(tmp_path, {f"step-10/{name}": size for name, size in killed.items()}, BASE + 9)
+    layout, found = scan(tmp_path)
+    assert layout == "dcp"
+    assert states(found) == {"step-5": COMMITTED, "step-10": WRITING}
+    committed = found["step-5"]
+    assert (committed.step, committed.bytes) == (5, 798454 + 797942 + 806020 + 811880 + 8672)
+    assert committed.commit_time == BASE + 2
+
+
 def test_torchtitan(tmp_path: Path) -> None:
     build(tmp_path, {"checkpoint/step-10/__0_0.distcp": 8, "checkpoint/step-10/.metadata": 2})
     build(tmp_path, {"checkpoint/step-20/": ""})  # created, nothing written yet
