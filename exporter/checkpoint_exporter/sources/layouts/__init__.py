@@ -52,7 +52,9 @@ MARKER_NAMES = ALL_CONTENT_FILES | frozenset(
         "model.safetensors.index.json",  # save_pretrained, torchtitan's HF export
     }
 )
-MARKER_SUFFIXES = (".ckpt", ".safetensors")  # single-file checkpoints, overwritten in place
+# Single-file checkpoints, overwritten in place; NeMo's ``-unfinished`` markers, whose mtime
+# against the file's tells a save from a removal (lightning.py), touched again where they stand.
+MARKER_SUFFIXES = (".ckpt", ".safetensors", lightning.UNFINISHED)
 
 
 def detect(root: Dir) -> str | None:
