@@ -6,7 +6,9 @@ names (the default template ``{name}--{score:.4f}-{epoch}``, ``-last``, ``-EMA``
 (206,637 bytes a plain save, 206,701 and 207,149 with the EMA callback), and the order of the
 marker's touch and unlink around the moves and removals (see layouts/lightning.py). Where the
 tracker judges a file its bytes are a real Lightning checkpoint (tests/test_layout_lightning.py's
-``REAL``), never an imitation.
+``REAL``), never an imitation. The ``.nemo`` export is named as ``_format_nemo_checkpoint_name``
+names it (``<prefix>.nemo``); the driver's plain LightningModule has no ``save_to``, so NeMo
+wrote none and its size here is arbitrary (the layout reads no ``.nemo``).
 """
 
 from __future__ import annotations
