@@ -282,6 +282,13 @@ def test_auto_detection_picks_each_writer(tmp_path: Path) -> None:
         root = tmp_path / expected
         build(root, files)
         assert scan(root)[0] == expected
+    # NeMo 3's NeMoModelCheckpoint: Lightning's files, NeMo's marker of a save (or removal)
+    # beside them; a first save's marker alone (its file still in $TMPDIR) is the same writer.
+    nemo3 = {"tiny--score=-2.0000-epoch=0.ckpt": 1, "tiny--score=-5.0000-epoch=0-unfinished": 0}
+    for files in (nemo3, {"tiny--score=-2.0000-epoch=0-unfinished": 0}):
+        root = tmp_path / f"nemo3-{len(files)}"
+        build(root, files)
+        assert scan(root)[0] == "lightning"
 
 
 def test_a_save_in_progress_cannot_flip_the_layout(tmp_path: Path) -> None:

@@ -61,7 +61,9 @@ MARKER_NAMES = ALL_CONTENT_FILES | frozenset(
         "random_states_0.pkl",
     }
 )
-MARKER_SUFFIXES = (".ckpt", ".safetensors")  # single-file checkpoints, overwritten in place
+# Single-file checkpoints, overwritten in place; NeMo's ``-unfinished`` markers, whose mtime
+# against the file's tells a save from a removal (lightning.py), touched again where they stand.
+MARKER_SUFFIXES = (".ckpt", ".safetensors", lightning.UNFINISHED)
 # Markers in a tier's root only: torch.save files written in place under their final name, and
 # their temporary names (``.pt`` at any depth would make every rank's states file a marker).
 ROOT_MARKER = torchsave.is_root_marker
