@@ -14,6 +14,7 @@ from checkpoint_exporter.sources.layouts import (
     megatron,
     nemo,
     orbax,
+    ray,
     torchtitan,
 )
 from checkpoint_exporter.sources.layouts.base import Found, Layout, Options
@@ -27,6 +28,7 @@ REGISTRY: dict[str, Layout] = {
         nemo.LAYOUT,
         deepspeed.LAYOUT,
         hf.LAYOUT,
+        ray.LAYOUT,
         lightning.LAYOUT,
         orbax.LAYOUT,
         dcp.LAYOUT,
