@@ -202,7 +202,8 @@ def test_the_step_is_the_reported_metric(tmp_path: Path) -> None:
             ({"loss": 0.5}, None),  # nothing reported: Ray keeps no step of its own
             ({"step": -1}, None),
             ({"step": True}, None),
-            ({"step": 2**60}, None),  # past what a float sample holds exactly
+            ({"step": 2**53}, 2**53),
+            ({"step": 2**53 + 1}, None),  # past what a float sample holds exactly
             ({"step": 7.5}, None),
             ([7], None),
         ]

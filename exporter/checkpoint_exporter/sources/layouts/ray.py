@@ -33,9 +33,11 @@ path (tests/writers/drivers/ray_writer.py: ``TorchTrainer``, one CPU worker, ``n
    ``delete_dir`` (file by file, then the directory). ``num_to_keep=None``, the default, keeps
    every checkpoint, and the snapshot grows with each.
 5. Ranks start the next upload only after the collective that names it, which every rank
-   enters once its previous upload finished: in ``SYNC`` mode one checkpoint's files are all
-   written before the next one's directory is made. The controller's registration of one
-   checkpoint may overlap the upload of the next.
+   enters once its previous upload finished: in ``SYNC`` mode (the default) one checkpoint's
+   files are all written before the next one's directory is made. In ``ASYNC`` mode each rank
+   uploads on one background thread (``MAX_CHECKPOINT_UPLOAD_THREADS = 1``), in order, but one
+   rank may begin the next checkpoint while another still writes the last. The controller's
+   registration of one checkpoint may overlap the upload of the next.
 
 The snapshot (``_CheckpointManagerState``, JSON from pydantic) holds ``checkpoint_results``:
 ``{"checkpoint_dir_name": ..., "metrics": <rank 0's reported metrics>}`` for each kept
@@ -48,7 +50,7 @@ the snapshot and ``delete_dir`` leaves a checkpoint the snapshot no longer names
 So, for the run directory's subdirectories named ``checkpoint_*`` or named in the snapshot:
 
 - named in ``checkpoint_results``: committed; the latest at the snapshot's mtime (it was
-  rewritten for it), the others at their own last file write (when the snapshot named them is
+  rewritten for it; a validation result, with ``validation=``, rewrites it again), the others at their own last file write (when the snapshot named them is
   gone). The step is the reported metric ``step`` (what Ray's own Lightning and Transformers
   callbacks report), else ``training_iteration`` (Train V1's and Tune's name), else unknown:
   Ray keeps no step of its own. Validated by zip checks of the ``torch.save`` files inside
@@ -66,6 +68,9 @@ So, for the run directory's subdirectories named ``checkpoint_*`` or named in th
   JSON, another schema): the commit cannot be read, so every such directory ``settles``
   (judged once still, by the checks above). A committed generation stays committed meanwhile.
 
+With ``ASYNC`` uploads on several ranks, a checkpoint ``num_to_keep`` drops may have files as
+new as the next one's first: it then reads as a save in progress for the instant before
+``delete_dir`` (never counted: the tracker forgets a generation in progress that disappears).
 A name reported with ``checkpoint_dir_name`` is seen only once the snapshot names it (a killed
 upload under a custom name is not seen). ``s3://`` and other remote storage paths are not read
 here. Detection: the snapshot is Ray's own name (95); the storage marker with a
