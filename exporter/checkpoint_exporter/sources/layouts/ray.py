@@ -50,11 +50,12 @@ the snapshot and ``delete_dir`` leaves a checkpoint the snapshot no longer names
 So, for the run directory's subdirectories named ``checkpoint_*`` or named in the snapshot:
 
 - named in ``checkpoint_results``: committed; the latest at the snapshot's mtime (it was
-  rewritten for it; a validation result, with ``validation=``, rewrites it again), the others at their own last file write (when the snapshot named them is
-  gone). The step is the reported metric ``step`` (what Ray's own Lightning and Transformers
-  callbacks report), else ``training_iteration`` (Train V1's and Tune's name), else unknown:
-  Ray keeps no step of its own. Validated by zip checks of the ``torch.save`` files inside
-  (``.pt``, ``.pth``, ``.ckpt``) and header checks of ``.safetensors`` files.
+  rewritten for it; a validation result, with ``validation=``, rewrites it again), the others
+  at their own last file write (when the snapshot named them is gone). The step is the
+  reported metric ``step`` (what Ray's own Lightning and Transformers callbacks report), else
+  ``training_iteration`` (Train V1's and Tune's name), else unknown: Ray keeps no step of its
+  own. Validated by zip checks of the ``torch.save`` files inside (``.pt``, ``.pth``,
+  ``.ckpt``) and header checks of ``.safetensors`` files.
 - not named, with every file written before the latest registered checkpoint's upload began
   (strictly, by file mtimes: deleting files moves only the directory's): no save in progress.
   It is either what ``num_to_keep`` dropped, in the instant before ``delete_dir`` (the tracker
