@@ -1,6 +1,7 @@
 """idle: what an idle job costs -- exporter CPU at 10 and at 1,000 idle jobs, inotify and poll.
 
-Each job holds one committed DCP generation of 9 shards (bench/tree.py). The real exporter
+Each job holds one committed DCP generation of 9 shards (bench/tree.py), and the spool directory
+is present, as in every deployment, with no events in it. The real exporter
 starts over them (the port opens before any job is read: ``start_to_port_s``), every job shows
 its generation in /metrics and the first validations finish (``scan.settle``); then nothing
 changes for ``seconds`` and the exporter's CPU is measured.
@@ -64,6 +65,9 @@ def bench_idle(
     try:
         root = base / "ckpt"
         build(root, Shape(jobs=max(counts), generations=1, shards=9), progress=False)
+        # The spool directory every deployment has (the config names base/spool), with no job
+        # writing events: an idle job must cost nothing there either.
+        (base / "spool").mkdir()
         for mode in ("inotify", "poll"):
             for jobs in counts:
                 print(f"idle: {jobs} jobs, {mode} ...", file=sys.stderr)

@@ -200,6 +200,69 @@ def test_a_job_idle_for_the_retention_leaves_the_spool_and_comes_back_when_it_wr
     assert [e.step for e in reader.poll() if e.training_job == "followed"] == [2, 2]
 
 
+def _directory_opens(reader: SpoolReader, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names one poll opens below the spool root (``dir_fd`` opens)."""
+    opened: list[str] = []
+    real = os.open
+
+    def counting(path, flags, mode=0o777, *, dir_fd=None):  # type: ignore[no-untyped-def]
+        if dir_fd is not None:
+            opened.append(os.fsdecode(path))
+        return real(path, flags, mode, dir_fd=dir_fd)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(os, "open", counting)
+        reader.poll()
+    return opened
+
+
+def test_a_known_job_without_a_directory_costs_no_open_once_the_root_is_still(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every deployment has the spool directory; most jobs never write to it. Opening each
+    known job's name at every poll made 1,000 idle jobs cost 3 to 6 times 10 idle jobs."""
+    known = {f"job{i}" for i in range(1000)}
+    (tmp_path / "job7").mkdir()
+    (tmp_path / "job7" / "h.jsonl").write_text(json.dumps(_record(1, job="job7")) + "\n")
+    settled = time.time() - 60
+    os.utime(tmp_path, (settled, settled))
+    reader = SpoolReader(tmp_path, known_jobs=lambda: known)
+    reader.poll()
+    assert _directory_opens(reader, monkeypatch) == ["job7"]
+
+
+def test_a_directory_made_in_the_tick_of_the_listing_is_still_opened_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A root whose mtime was fresh when listed may change again within the same timestamp
+    tick (1 s on NFS) without its mtime moving: its listing is not trusted to be complete."""
+    known = {"early", "late"}
+    (tmp_path / "early").mkdir()
+    reader = SpoolReader(tmp_path, known_jobs=lambda: known)
+    reader.poll()
+    listed = tmp_path.stat().st_mtime_ns
+    (tmp_path / "late").mkdir()
+    os.utime(tmp_path, ns=(listed, listed))  # the same tick: the mtime did not move
+    assert "late" in _directory_opens(reader, monkeypatch)
+
+
+def test_a_job_whose_only_directory_names_its_uid_is_followed_while_the_root_is_still(
+    tmp_path: Path,
+) -> None:
+    """``<job>@<uid>`` is where a job's ranks of another user write (instrument's fallback):
+    skipping the known jobs without a directory of their own name must not skip it."""
+    directory = tmp_path / f"j@{os.geteuid()}"
+    directory.mkdir()
+    (directory / "h.jsonl").write_text(json.dumps(_record(1)) + "\n")
+    settled = time.time() - 60
+    os.utime(tmp_path, (settled, settled))
+    reader = SpoolReader(tmp_path, known_jobs=lambda: {"j": None})
+    assert [e.step for e in reader.poll()] == [1]
+    with (directory / "h.jsonl").open("a") as spool:
+        spool.write(json.dumps(_record(2)) + "\n")
+    assert [e.step for e in reader.poll()] == [2]
+
+
 WRITER = """
 import sys, os
 sys.path.insert(0, sys.argv[1])

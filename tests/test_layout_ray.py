@@ -249,6 +249,19 @@ def test_detection(tmp_path: Path) -> None:
     assert detected({SNAPSHOT: (b"", 1.0)}) == "ray"
     # A plain directory of checkpoint_N folders is not Ray's without Ray's files.
     assert detected({"checkpoint_0/model.safetensors": (8, 1.0)}) != "ray"
+    # What users report as a Ray checkpoint is often another writer's directory: a
+    # save_pretrained model and Accelerate's save_state files. Once registered, Ray's record
+    # decides (before the first registration those writers' settling directories win).
+    registered = {
+        **START,
+        f"{A}/": ("", 4.801),
+        f"{A}/config.json": (700, 4.81),
+        f"{A}/model.safetensors": (4096, 4.82),
+        f"{A}/optimizer.bin": (8192, 4.83),
+        f"{A}/random_states_0.pkl": (900, 4.833),
+        SNAPSHOT: (snapshot((A, 5), latest=A), 6.82),
+    }
+    assert detected(registered) == "ray"
 
 
 def test_the_tracker_counts_each_registration_once_and_retention_never(tmp_path: Path) -> None:

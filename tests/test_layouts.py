@@ -42,6 +42,24 @@ def test_dcp_without_collectives_commits_when_every_rank_has_metadata(tmp_path: 
     assert found["b"].commit_time == BASE + 3
 
 
+def test_nvidia_resiliency_ext_async_saves_are_read_as_dcp(tmp_path: Path) -> None:
+    """Names and sizes captured from nvidia-resiliency-ext 0.4.1's async save (two ranks,
+    ``thread_count=2``: each rank's two forked writers, one shard each; tests/writers/
+    test_nvrx.py): a committed step and one killed inside the writers, before the finalize step
+    renamed ``.metadata`` into place."""
+    shards = {"__0_0.distcp": 798454, "__0_1.distcp": 797942, "__1_0.distcp": 806020}
+    build(tmp_path, {f"step-5/{name}": size for name, size in shards.items()}, BASE)
+    build(tmp_path, {"step-5/__1_1.distcp": 811880, "step-5/.metadata": 8672}, BASE + 2)
+    killed = {"__0_0.distcp": 263721, "__0_1.distcp": 263721, "__1_0.distcp": 1261}
+    build(tmp_path, {f"step-10/{name}": size for name, size in killed.items()}, BASE + 9)
+    layout, found = scan(tmp_path)
+    assert layout == "dcp"
+    assert states(found) == {"step-5": COMMITTED, "step-10": WRITING}
+    committed = found["step-5"]
+    assert (committed.step, committed.bytes) == (5, 798454 + 797942 + 806020 + 811880 + 8672)
+    assert committed.commit_time == BASE + 2
+
+
 def test_torchtitan(tmp_path: Path) -> None:
     build(tmp_path, {"checkpoint/step-10/__0_0.distcp": 8, "checkpoint/step-10/.metadata": 2})
     build(tmp_path, {"checkpoint/step-20/": ""})  # created, nothing written yet
@@ -254,6 +272,7 @@ def test_auto_detection_picks_each_writer(tmp_path: Path) -> None:
         "megatron": {"iter_0000001/metadata.json": 1},
         "nemo": {"m--step=1-consumed_samples=8/weights/.metadata": 1},
         "deepspeed": {"global_step1/mp_rank_00_model_states.pt": 1, "latest": b"global_step1"},
+        "accelerate": {"checkpoints/checkpoint_0/random_states_0.pkl": 1},
         "hf": {"checkpoint-1/trainer_state.json": 1},
         "lightning": {"epoch=0-step=1.ckpt": 1},
         "orbax": {"1/_CHECKPOINT_METADATA": b"{}"},
@@ -262,11 +281,40 @@ def test_auto_detection_picks_each_writer(tmp_path: Path) -> None:
             "checkpoint_manager_snapshot.json": b'{"checkpoint_results": [{"checkpoint_dir_name":'
             b' "checkpoint_2026-12-02_12-53-14.739337", "metrics": {"step": 5}}]}',
         },
+        "torchsave": {"ckpt_step_1.pt": 1},
     }
     for expected, files in trees.items():
         root = tmp_path / expected
         build(root, files)
         assert scan(root)[0] == expected
+    # NeMo 3's NeMoModelCheckpoint: Lightning's files, NeMo's marker of a save (or removal)
+    # beside them; a first save's marker alone (its file still in $TMPDIR) is the same writer.
+    nemo3 = {"tiny--score=-2.0000-epoch=0.ckpt": 1, "tiny--score=-5.0000-epoch=0-unfinished": 0}
+    for files in (nemo3, {"tiny--score=-2.0000-epoch=0-unfinished": 0}):
+        root = tmp_path / f"nemo3-{len(files)}"
+        build(root, files)
+        assert scan(root)[0] == "lightning"
+
+
+def test_a_save_in_progress_cannot_flip_the_layout(tmp_path: Path) -> None:
+    # NeMo 3 touches `<name>-unfinished` beside Lightning `.ckpt` files while it saves: the
+    # marker is the nemo layout's surest sign (NeMo 2 directories), but nemo finds no
+    # checkpoint here, and lightning finds two that last. Before, every .ckpt vanished from
+    # the metrics for the length of each save.
+    build(tmp_path, {"epoch=0-step=10.ckpt": 64, "epoch=0-step=20.ckpt": 64}, BASE)
+    build(tmp_path, {"epoch=0-step=30-unfinished": 0}, BASE + 5)
+    layout, found = scan(tmp_path)
+    assert layout == "lightning"
+    assert {"epoch=0-step=10.ckpt", "epoch=0-step=20.ckpt"} <= set(found)
+
+
+def test_with_nothing_that_lasts_yet_the_surest_sign_decides(tmp_path: Path) -> None:
+    # A job's first save, still being written: no layout finds a lasting checkpoint, so the
+    # specific writer's sign wins over the generic DCP reading of the same directory.
+    build(tmp_path / "megatron", {"iter_0000001/__0_0.distcp": 8}, BASE)
+    assert scan(tmp_path / "megatron")[0] == "megatron"
+    build(tmp_path / "orbax", {"1.orbax-checkpoint-tmp-7/d/file": 8}, BASE)
+    assert scan(tmp_path / "orbax")[0] == "orbax"
 
 
 def test_a_tree_with_nothing_recognisable_has_no_layout(tmp_path: Path) -> None:

@@ -37,6 +37,22 @@ def test_a_change_lists_one_directory_and_stats_only_the_new_file(tmp_path: Path
     assert after.subdirs["step-1"].totals().files == 101
 
 
+def test_root_markers_are_restatted_in_the_root_only(tmp_path: Path) -> None:
+    """A file growing in place changes no directory's mtime: a root marker is re-statted on
+    every read; the same name one level down (a rank's file in a generation) is not."""
+    build(tmp_path, {"a.pt": 8, "b.txt": 8, "gen/a.pt": 8})
+    reader = tree_of(tmp_path, root_marker=lambda name: name.endswith(".pt"))
+    reader.read()
+    for name in ("a.pt", "b.txt", "gen/a.pt"):
+        with open(tmp_path / name, "ab") as handle:
+            handle.write(b"z" * 100)
+    tree, stats = reader.read()
+    assert tree is not None and (stats.listed, stats.statted) == (0, 2)  # gen/'s mtime, a.pt
+    assert tree.file("a.pt")[0] == 108
+    assert tree.file("b.txt")[0] == 8
+    assert tree.subdirs["gen"].file("a.pt")[0] == 8
+
+
 def test_hot_generations_are_restatted_at_most_once_a_second(tmp_path: Path) -> None:
     build(tmp_path, {"step-1/__0_0.distcp": 8})
     reader = tree_of(tmp_path)

@@ -76,6 +76,7 @@ def _named(digits: str) -> list[tuple[str, dict[str, object], str]]:
     return [
         ("dcp", {f"step-{d}/{name}": size for name, size in dcp.items()}, f"step-{d}"),
         ("deepspeed", {f"global_step{d}/mp_rank_00_model_states.pt": 8}, f"global_step{d}"),
+        ("accelerate", {f"step_{d}/random_states_0.pkl": 8}, f"step_{d}"),
         ("hf", {f"checkpoint-{d}/trainer_state.json": b"{}"}, f"checkpoint-{d}"),
         ("hf", {f"tmp-checkpoint-{d}/optimizer.pt": 8}, f"tmp-checkpoint-{d}"),
         ("lightning", {f"epoch=0-step={d}.ckpt": 8}, f"epoch=0-step={d}.ckpt"),
@@ -85,6 +86,8 @@ def _named(digits: str) -> list[tuple[str, dict[str, object], str]]:
         ("orbax", {f"{d}.orbax-checkpoint-tmp/default/x": 8}, f"{d}.orbax-checkpoint-tmp"),
         ("torchtitan", {f"checkpoint/step-{d}/{n}": s for n, s in dcp.items()},
          f"checkpoint/step-{d}"),
+        ("torchsave", {f"ckpt_step_{d}.pt": 8}, f"ckpt_step_{d}.pt"),
+        ("torchsave", {f"ckpt_step_{d}.pt.tmp": 8}, f"ckpt_step_{d}.pt"),
     ]  # fmt: skip
 
 

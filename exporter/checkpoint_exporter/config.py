@@ -56,17 +56,9 @@ DEFAULT_PORT = 25780
 DEFAULT_LISTEN_ADDRESS = f":{DEFAULT_PORT}"
 
 LAYOUTS = (
-    "auto",
-    "dcp",
-    "torchtitan",
-    "megatron",
-    "nemo",
-    "deepspeed",
-    "hf",
-    "lightning",
-    "orbax",
-    "ray",
-)
+    "auto", "dcp", "torchtitan", "megatron", "nemo", "deepspeed", "accelerate", "hf", "lightning",
+    "orbax", "ray", "torchsave",
+)  # fmt: skip
 WATCH_MODES = ("auto", "inotify", "poll")
 GPU_MODES = ("auto", "on", "off")
 # Scopes (DESIGN "Scopes and sharding"): a node path is seen by this node alone (local staging,

@@ -117,6 +117,8 @@ _NAMES = [
     "step_5.orbax-checkpoint-tmp-123", "mp_rank_00", "mp_rank_00_000", "model_optim_rng.pt",
     "integrity.json", "checkpoint", "weights", "common.pt", "metadata.json", "zero_to_fp32.py",
     "mp_rank_00_model_states.pt", "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt",
+    "checkpoints", "checkpoint_3", "random_states_0.pkl", "optimizer.bin", "optimizer_0",
+    "custom_checkpoint_0.pkl", "step_5", ".tmpYIzjdP",
     "checkpoint_manager_snapshot.json", ".validate_storage_marker",
     "checkpoint_2026-12-02_12-53-14.739337", "hang_detector",
     "e\u0301", "\n", " ", "0" * 300, "\udcff",

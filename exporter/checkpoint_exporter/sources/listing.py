@@ -236,6 +236,7 @@ class TreeReader:
         marker_names: Collection[str] = (),
         marker_suffixes: tuple[str, ...] = (),
         follow_root_symlink: bool | None = None,
+        root_marker: Callable[[str], bool] | None = None,
     ) -> None:
         self.root = os.fspath(root)
         # A configured root may be a symlink (the operator's choice); one that becomes a
@@ -248,6 +249,11 @@ class TreeReader:
         # Content files are always markers: their bytes are what a layout decides by.
         self.marker_names = self.content_names.union(marker_names)
         self.marker_suffixes = marker_suffixes
+        # Markers in the root directory only (single-file checkpoints that grow in place beside
+        # each other, torch.save's ``ckpt_step_N.pt``): a suffix such as ``.pt`` matched at any
+        # depth would make every rank's state file inside a generation directory (DeepSpeed,
+        # Megatron) a marker, one stat each on every read.
+        self.root_marker = root_marker
         self.max_depth = max_depth
         self.content_limit = content_limit
         self.tree: Dir | None = None
@@ -407,10 +413,13 @@ class TreeReader:
             now if restat else (old.stat_at if old is not None else now), stamps,
         )  # fmt: skip
 
-    def is_marker(self, name: str) -> bool:
-        return name in self.marker_names or name.endswith(self.marker_suffixes)
+    def is_marker(self, name: str, relative: str | None = None) -> bool:
+        """``relative``: the directory holding ``name`` ("" for the root; None: not the root)."""
+        if name in self.marker_names or name.endswith(self.marker_suffixes):
+            return True
+        return relative == "" and self.root_marker is not None and self.root_marker(name)
 
-    def _markers_among(self, names: list[str]) -> set[str]:
+    def _markers_among(self, names: list[str], relative: str) -> set[str]:
         """The marker names in a listing, at C speed for the common case: a shard directory of
         thousands of files holds none, and a cold scan must stay close to `find`."""
         found = set(self.marker_names.intersection(names))
@@ -418,6 +427,8 @@ class TreeReader:
             joined = "\n".join(names) + "\n"
             if any(suffix + "\n" in joined for suffix in self.marker_suffixes):
                 found.update(name for name in names if name.endswith(self.marker_suffixes))
+        if relative == "" and self.root_marker is not None:
+            found.update(filter(self.root_marker, names))
         return found
 
     def _recheck_names(self, old: Dir | None, relative: str, scan: _Pass) -> frozenset[str]:
@@ -469,7 +480,7 @@ class TreeReader:
         for position, status in updates.items():
             name = old.names[position]
             sizes[position], mtimes[position] = status.st_size, status.st_mtime
-            if self.is_marker(name):
+            if self.is_marker(name, relative):
                 stamps[name] = (status.st_ino, status.st_ctime_ns)
             if name in self.content_names:
                 contents.pop(name, None)
@@ -525,7 +536,7 @@ class TreeReader:
         sizes = array("q", [r.st_size for r in results])
         mtimes = array("d", [r.st_mtime for r in results])
         stamps = {}
-        for name in self._markers_among(names):
+        for name in self._markers_among(names, relative):
             position = names.index(name)
             if kinds[position] == FILE:
                 stamps[name] = (results[position].st_ino, results[position].st_ctime_ns)
@@ -568,7 +579,7 @@ class TreeReader:
                 size, mtime = entry.st_size, entry.st_mtime
                 if kind == DIR:
                     subdir_mtimes[name] = entry.st_mtime_ns
-                elif kind == FILE and self.is_marker(name):
+                elif kind == FILE and self.is_marker(name, relative):
                     stamps[name] = (entry.st_ino, entry.st_ctime_ns)
             names.append(name)
             kinds.append(kind)

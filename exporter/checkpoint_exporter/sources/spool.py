@@ -85,6 +85,7 @@ MAX_FILES_PER_DIR = 1024  # spool files followed in one directory (one per rank 
 MAX_UNKNOWN_DIRS = 100_000  # directories of unknown jobs remembered (for cleanup and counts)
 ROOT_RELIST_MIN = 2.0  # seconds: the root is listed again when its mtime moved, this often ...
 ROOT_RELIST_MAX = 30.0  # ... and in any case this often
+ROOT_MTIME_TICK = 1.0  # seconds: more than a filesystem's timestamp granularity (NFS: 1 s)
 UNKNOWN_RELIST = 60.0  # seconds between two listings of one unknown job's directory
 UNKNOWN_PER_POLL = 64  # unknown directories listed per poll at most
 # Directory entries looked at per poll, all listings together. A listing costs about 0.2-0.4 us
@@ -287,6 +288,7 @@ class SpoolReader:
     _aliases: dict[str, list[str]] = field(default_factory=dict)  # job -> its <job>@... among them
     _root: tuple[int, int, int] | None = None  # dev, ino, mtime_ns at the last root listing
     _root_listed_at: float = float("-inf")
+    _root_settled: bool = False  # the root's mtime was older than a tick at its last listing
     _polls: int = 0
     _reported_errors: set[str] = field(default_factory=set)
     _reported_owners: set[tuple[str, int]] = field(default_factory=set)
@@ -321,8 +323,8 @@ class SpoolReader:
             return events
         try:
             known = self._known()
-            self._list_root(root, first, known)
-            self._follow(root, first, known)
+            current = self._list_root(root, first, known, now)
+            self._follow(root, first, known, current)
             self._visit_unknown(root, known)
             self._advance(root, now)
             self._read(root, now, events)
@@ -334,7 +336,12 @@ class SpoolReader:
 
     # --- the root ----------------------------------------------------------------------------
 
-    def _list_root(self, root: int, first: bool, known: Mapping[str, Owners] | None) -> None:
+    def _list_root(
+        self, root: int, first: bool, known: Mapping[str, Owners] | None, now: float
+    ) -> bool:
+        """List the root when due; True when its last listing holds every name it holds now:
+        its mtime has not moved since, and was not so recent at the listing that a change in
+        the same timestamp tick could have followed it."""
         info = os.fstat(root)
         identity = (info.st_dev, info.st_ino, info.st_mtime_ns)
         clock = self.monotonic()
@@ -342,13 +349,14 @@ class SpoolReader:
         if self._root is not None and identity[:2] == self._root[:2]:  # the same directory
             moved = identity != self._root
             if since < self.root_relist_max and not (moved and since >= self.root_relist_min):
-                return
+                return not moved and self._root_settled
         try:
             names = frozenset(self._subdirectories(root))
         except OSError as error:
             self._report(str(self.directory), error)
-            return
+            return False
         self._root, self._root_listed_at = identity, clock
+        self._root_settled = now - info.st_mtime > ROOT_MTIME_TICK
         self._set_names(names)
         for name in [n for n in self._unknown if n not in names]:
             self._drop_unknown(name)
@@ -356,10 +364,11 @@ class SpoolReader:
             self._due = [(due, n) for due, n in self._due if n in self._unknown]
             heapq.heapify(self._due)
         if known is None:
-            return  # every directory is followed
+            return self._root_settled  # every directory is followed
         for name in names:
             if name not in self._unknown and name not in self._dirs and _job_of(name) not in known:
                 self._remember(name, history=first)
+        return self._root_settled
 
     def _set_names(self, names: frozenset[str]) -> None:
         self._names = names
@@ -413,17 +422,32 @@ class SpoolReader:
 
     # --- followed directories: judged every poll, listed on the entries budget ----------------
 
-    def _wanted(self, known: Mapping[str, Owners] | None) -> dict[str, str]:
-        """Directory name -> job, for the directories of the known jobs: the job's own name
-        (opened even before the root listing shows it) and the ``<job>@<uid>`` ones listed."""
-        jobs = known if known is not None else self._jobs
-        wanted = {job: job for job in jobs if _plain_name(job) and "@" not in job}
-        for job in [job for job in self._aliases if job in wanted]:
-            wanted.update(dict.fromkeys(self._aliases[job], job))
+    def _wanted(self, known: Mapping[str, Owners] | None, current: bool) -> dict[str, str]:
+        """Directory name -> job, for the directories of the known jobs: the job's own name and
+        the ``<job>@<uid>`` ones listed.
+
+        While the root listing is ``current`` (the root's mtime has not moved since), only the
+        jobs of the directories it showed, or followed ones (to see them go or be swapped), are
+        looked at: no directory can have appeared without moving the root's mtime, so a job
+        without one costs nothing (asking about every known job and opening its name at every
+        poll made 1,000 idle jobs cost several times the CPU of 10). Otherwise every known job's
+        own name is opened, even before a listing shows it, so a job's first events wait for no
+        relisting."""
+        jobs: Collection[str] = known if known is not None else self._jobs
+        present: Collection[str] = ()
+        if current:
+            present = self._names | self._dirs.keys()
+            jobs = {job for job in map(_job_of, present) if job in jobs}
+        plain = [job for job in jobs if _plain_name(job) and "@" not in job]
+        wanted = {job: job for job in plain if not current or job in present}
+        for job in plain:
+            wanted.update(dict.fromkeys(self._aliases.get(job, ()), job))
         return wanted
 
-    def _follow(self, root: int, first: bool, known: Mapping[str, Owners] | None) -> None:
-        wanted = self._wanted(known)
+    def _follow(
+        self, root: int, first: bool, known: Mapping[str, Owners] | None, current: bool
+    ) -> None:
+        wanted = self._wanted(known, current)
         for name in [n for n in self._dirs if n not in wanted]:
             self._forget(name)  # forgotten job: its state goes with it
             if name in self._names and known is not None:

@@ -1,14 +1,22 @@
 """Plain PyTorch DCP, as the README's example: ``dcp.save`` into ``ROOT/step-N`` (no torchtitan),
 keeping the newest three as a user's own retention would (``shutil.rmtree`` of the oldest).
 
+A second argument ``slow-delete`` deletes the oldest generation the way a slow ``rm -r`` on a
+parallel filesystem does: file by file, ``DELETE_PAUSE`` seconds apart, the shards first and
+``.metadata`` last, then the directory (the ``saved`` line follows the deletion). Its saves use
+``FileSystemWriter(thread_count=4)``: four shard files per generation, so the deletion passes
+through several states, each read by the exporter.
+
 ``hang`` stops inside DCP's data write (``filesystem._write_item``) after the first item of a
 shard hit the disk: shards partly written, ``.metadata`` never renamed into place.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -17,7 +25,11 @@ from common import hang_here, serve
 from torch.distributed.checkpoint import filesystem
 
 ROOT = Path(sys.argv[1])
+SLOW_DELETE = sys.argv[2:] == ["slow-delete"]
+if sys.argv[2:] and not SLOW_DELETE:
+    sys.exit(f"unknown option {sys.argv[2:]!r}: slow-delete or none")
 KEEP = 3
+DELETE_PAUSE = 0.3  # seconds between two files: a slow rm -r on a parallel filesystem
 
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 256))
@@ -57,11 +69,25 @@ def save(hang: bool) -> tuple[int, str]:
     if hang:
         hanging.update(step=step, path=path)
     state = {"model": model.state_dict(), "optim": optimizer.state_dict()}
-    dcp.save(state, checkpoint_id=str(path))
+    if SLOW_DELETE:
+        dcp.save(state, storage_writer=filesystem.FileSystemWriter(path, thread_count=4))
+    else:
+        dcp.save(state, checkpoint_id=str(path))
     saved.append(path)
     while len(saved) > KEEP:
-        shutil.rmtree(saved.pop(0))
+        oldest = saved.pop(0)
+        delete_slowly(oldest) if SLOW_DELETE else shutil.rmtree(oldest)
     return step, str(path)
+
+
+def delete_slowly(path: Path) -> None:
+    """Shards first, ``.metadata`` last, one file every DELETE_PAUSE seconds, then the
+    directory: a generation that loses files while its commit marker stands."""
+    files = [*sorted(p for p in path.iterdir() if p.name != ".metadata"), path / ".metadata"]
+    for file in files:
+        os.remove(file)
+        time.sleep(DELETE_PAUSE)
+    os.rmdir(path)
 
 
 serve(save)

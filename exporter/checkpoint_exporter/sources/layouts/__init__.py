@@ -1,12 +1,14 @@
 """One module per checkpoint writer, and the auto-detection that picks among them.
 
-Every layout is a pure function from a listing to generations (``base.Found``); ``detect`` asks
-each writer how sure it is that a tree is its own and takes the surest.
+Every layout is a pure function from a listing to generations (``base.Found``); ``identify``
+asks each writer how sure it is that a tree is its own and takes the surest among those that find
+a checkpoint there that lasts.
 """
 
 from __future__ import annotations
 
 from checkpoint_exporter.sources.layouts import (
+    accelerate,
     dcp,
     deepspeed,
     hf,
@@ -15,9 +17,10 @@ from checkpoint_exporter.sources.layouts import (
     nemo,
     orbax,
     ray,
+    torchsave,
     torchtitan,
 )
-from checkpoint_exporter.sources.layouts.base import Found, Layout, Options
+from checkpoint_exporter.sources.layouts.base import COMMITTED, Found, Layout, Options
 from checkpoint_exporter.sources.listing import Dir
 
 REGISTRY: dict[str, Layout] = {
@@ -27,9 +30,11 @@ REGISTRY: dict[str, Layout] = {
         megatron.LAYOUT,
         nemo.LAYOUT,
         deepspeed.LAYOUT,
+        accelerate.LAYOUT,
         hf.LAYOUT,
         ray.LAYOUT,
         lightning.LAYOUT,
+        torchsave.LAYOUT,
         orbax.LAYOUT,
         dcp.LAYOUT,
     )
@@ -52,19 +57,49 @@ MARKER_NAMES = ALL_CONTENT_FILES | frozenset(
         "commit_success.txt",  # Orbax on non-atomic filesystems
         "meta.pt",  # Lightning sharded checkpoints
         "model.safetensors.index.json",  # save_pretrained, torchtitan's HF export
+        # Accelerate's main process rewrites it at every save_state into a directory that
+        # exists, where ``torch.save`` truncates files in place (no new name, no mtime of the
+        # directory moved): the one file of such a rewrite a poll is sure to see.
+        "random_states_0.pkl",
     }
 )
-MARKER_SUFFIXES = (".ckpt", ".safetensors")  # single-file checkpoints, overwritten in place
+# Single-file checkpoints, overwritten in place; NeMo's ``-unfinished`` markers, whose mtime
+# against the file's tells a save from a removal (lightning.py), touched again where they stand.
+MARKER_SUFFIXES = (".ckpt", ".safetensors", lightning.UNFINISHED)
+# Markers in a tier's root only: torch.save files written in place under their final name, and
+# their temporary names (``.pt`` at any depth would make every rank's states file a marker).
+ROOT_MARKER = torchsave.is_root_marker
+
+
+def identify(root: Dir, options: Options) -> tuple[str | None, list[Found]]:
+    """The layout whose writer most surely produced ``root``, and the generations it finds there;
+    (None, []) while nothing tells.
+
+    A writer's score says how specific its signs are, but a sign may be a file that lives only
+    while a save runs (NeMo's ``-unfinished`` marker beside Lightning ``.ckpt`` files, a
+    temporary directory). So a layout that finds no generation that lasts (committed, or
+    judged by stillness) yields to one that does: a save in progress cannot flip a job's layout
+    and hide its checkpoints. Among equals the higher score wins; ties go to the earlier, more
+    specific writer."""
+    best: tuple[tuple[bool, int], str, list[Found]] | None = None
+    for name, layout in REGISTRY.items():
+        score = layout.detect(root)
+        if score <= 0:
+            continue
+        found = layout.parse(root, options)
+        key = (any(_lasts(item) for item in found), score)
+        if best is None or key > best[0]:
+            best = (key, name, found)
+    return (None, []) if best is None else (best[1], best[2])
+
+
+def _lasts(found: Found) -> bool:
+    return found.state == COMMITTED or found.settles
 
 
 def detect(root: Dir) -> str | None:
-    """The layout whose writer most surely produced ``root``; None while nothing tells."""
-    best, best_score = None, 0
-    for name, layout in REGISTRY.items():  # ties go to the earlier, more specific writer
-        score = layout.detect(root)
-        if score > best_score:
-            best, best_score = name, score
-    return best
+    """The layout ``identify`` picks for ``root``."""
+    return identify(root, Options())[0]
 
 
 __all__ = [
@@ -72,8 +107,10 @@ __all__ = [
     "MARKER_NAMES",
     "MARKER_SUFFIXES",
     "REGISTRY",
+    "ROOT_MARKER",
     "Found",
     "Layout",
     "Options",
     "detect",
+    "identify",
 ]

@@ -45,6 +45,44 @@ when a top-k file holds the same step, and each rewrite is one more committed sa
 state is whichever generation committed last: ``last.ckpt``, written after the top-k file. A
 symlink (``save_last="link"``, or a user's own link) is another name for a listed file: it is no
 generation and adds neither a generation nor bytes.
+
+NeMo 3's checkpoint callback. nemo-toolkit 3.0.0 (on Lightning 2.4.0 and fsspec 2025.12.0, whose
+``_atomic_save`` and ``LocalFileOpener`` write as above) saves through ``NeMoModelCheckpoint``
+(``nemo/utils/callbacks/nemo_model_checkpoint.py``), a ``ModelCheckpoint`` that ``exp_manager``
+(``nemo/utils/exp_manager.py``, ``configure_checkpointing``) adds with the template
+``{name}--{monitor:.4f}-{epoch}`` (no step: read inside the file) and ``CHECKPOINT_NAME_LAST`` =
+that template + ``-last``. It brackets every write and every removal with a marker file
+``<name>-unfinished`` beside the checkpoint (``format_checkpoint_unfinished_marker_path``: the
+path less ``.nemo``, ``.ckpt`` and ``-EMA``, plus ``-unfinished``; rank 0 only):
+
+- ``_save_checkpoint``: ``set_checkpoint_unfinished_marker`` (``Path.touch``), then Lightning's
+  save of ``<name>.ckpt`` (the temporary file in ``$TMPDIR`` moved into place, so nothing but the
+  marker is here until the move), with the EMA callback then a second full save of the EMA
+  weights to ``<name>-EMA.ckpt`` under the same marker, then the finalize callback
+  (``_get_finalize_save_checkpoint_callback``) unlinks the marker. The unlink is NeMo's commit:
+  ``check_resume`` and ``_remove_invalid_entries_from_topk`` skip a checkpoint whose marker
+  stands, and ``setup`` (``_remove_unfinished_checkpoints``) deletes it with its marker at the
+  next start. With ``async_save`` (a Megatron ``AsyncFinalizableCheckpointIO`` only) the unlink
+  waits for a later batch end.
+- ``_remove_checkpoint`` (top-k rotation, the previous ``-last``): touch the marker, remove the
+  file (and its ``-EMA`` twin), unlink the marker. With ``async_save`` removals wait for the next
+  save's finalization.
+- A ``.nemo`` file (``save_nemo_on_train_end``, ``always_save_nemo``) is ``ModelPT.save_to``: a
+  tar of the weights and config written in place (``SaveRestoreConnector.
+  _make_nemo_file_from_folder``), no marker, the previous one renamed to ``-v1`` and removed
+  after. It is the model for inference or fine-tuning, not a state training resumes from
+  (``check_resume`` looks for ``*last.ckpt`` and ``*end.ckpt``): no generation here.
+
+So a marker stamped no later than the newest file it names is a save in progress: WRITING,
+without settling (NeMo has not committed it, whatever its zip says), aborted once abort_after
+passes without progress. A marker with nothing under its name yet is the same save before its
+move (its id the ``.ckpt`` it names), so a save killed in ``$TMPDIR`` is seen, then aborted; it
+never hides the generations beside it. A marker newer than every file it names is a removal
+under way (or the name about to be saved over): NeMo no longer counts that checkpoint, nor does
+this layout. Once the marker is gone the file settles as any ``.ckpt``. ``<name>-EMA.ckpt`` with
+its ``<name>.ckpt`` is one save (one marker; resuming from ``<name>.ckpt`` loads the EMA file
+too, ``EMA.on_load_checkpoint``): one generation of two files. A marker naming a directory is
+NeMo 2's (nemo.py). Read from the installed code and run by tests/writers/test_nemo.py.
 """
 
 from __future__ import annotations
@@ -72,12 +110,19 @@ from checkpoint_exporter.sources.untrusted import step_digits
 NAME = "lightning"
 SUFFIX = ".ckpt"
 META = "meta.pt"  # a sharded checkpoint's non-tensor state, written after the DCP save
+UNFINISHED = "-unfinished"  # NeMoModelCheckpoint.UNFINISHED_CHECKPOINT_SUFFIX
+EMA = "-EMA"  # NeMo's EMA callback: the EMA weights' own save beside the checkpoint
 _STEP = re.compile(r"(?<!\w)step=(\d+)")  # `epoch=3-step=1000`, not `global_step=`
 
 
 def _step(name: str) -> int | None:
     match = _STEP.search(name)
     return step_digits(match.group(1)) if match else None
+
+
+def marker_name(checkpoint: str) -> str:
+    """NeMoModelCheckpoint.format_checkpoint_unfinished_marker_path, for a name in its directory."""
+    return checkpoint.removesuffix(".nemo").removesuffix(SUFFIX).removesuffix(EMA) + UNFINISHED
 
 
 def _file_checks(path: str, step: int | None) -> tuple[Check, ...]:
@@ -87,25 +132,87 @@ def _file_checks(path: str, step: int | None) -> tuple[Check, ...]:
 
 
 def detect(root: Dir) -> int:
-    return 80 if any(name.endswith(SUFFIX) for name in root.names) else 0
+    if any(name.endswith(SUFFIX) for name in root.names):
+        return 80
+    # Only NeMo's marker of a first save, its file still in $TMPDIR: a save in progress that
+    # must be seen (and aborted if killed). NeMo 2's marker names a directory (nemo.py).
+    return 30 if _bare_markers(root, _markers(root)) else 0
 
 
 def parse(root: Dir, options: Options) -> list[Found]:
-    found = []
+    markers = _markers(root)
     # Symlinks (save_last="link") are skipped: the file they name is listed on its own.
-    for name, _, size, mtime in root.entries(FILE):
-        if name.endswith(SUFFIX):
-            step = _step(name)
-            found.append(file_generation(name, size, mtime, step, _file_checks(name, step)))
+    files = {
+        name: (size, mtime) for name, _, size, mtime in root.entries(FILE) if name.endswith(SUFFIX)
+    }
+    found = []
+    for name in files:
+        twin = _ema_twin(name)
+        if name.endswith(EMA + SUFFIX) and name.removesuffix(EMA + SUFFIX) + SUFFIX in files:
+            continue  # the EMA half of the save named without -EMA, counted there
+        parts = (name, twin) if twin in files else (name,)
+        item = _file_save(name, [files[part] for part in parts], markers.get(marker_name(name)))
+        if item is not None:
+            found.append(item)
     for name, child in root.dirs():
         if name.endswith(SUFFIX):
-            found.append(_sharded(name, child))
+            item = _sharded(name, child, markers.get(marker_name(name)))
+            if item is not None:
+                found.append(item)
+    for name, mtime in _bare_markers(root, markers).items():
+        # The save's marker before its move: nothing under the name yet.
+        checkpoint = name.removesuffix(UNFINISHED) + SUFFIX
+        found.append(Found(checkpoint, _step(checkpoint), WRITING, mtime, mtime, None, 0, 0))
     return found
 
 
-def _sharded(name: str, child: Dir) -> Found:
+def _ema_twin(name: str) -> str:
+    return name.removesuffix(SUFFIX) + EMA + SUFFIX
+
+
+def _markers(root: Dir) -> dict[str, float]:
+    """NeMo's ``-unfinished`` markers here: name -> mtime."""
+    return {name: mtime for name, _, _, mtime in root.entries(FILE) if name.endswith(UNFINISHED)}
+
+
+def _bare_markers(root: Dir, markers: dict[str, float]) -> dict[str, float]:
+    """NeMo markers naming nothing here: no ``.ckpt`` file or directory, no NeMo 2 directory."""
+    if not markers:
+        return {}
+    named = {marker_name(name) for name in root.names if name.endswith(SUFFIX)}
+    named.update(marker_name(name) for name in root.subdirs)
+    return {name: mtime for name, mtime in markers.items() if name not in named}
+
+
+def _file_save(name: str, parts: list[tuple[int, float]], marker: float | None) -> Found | None:
+    """One save: ``name`` (with its ``-EMA`` twin when there), under NeMo's marker or none."""
+    newest = max(mtime for _, mtime in parts)
+    if marker is not None and marker > newest:
+        return None  # NeMo's removal under way (or the name about to be saved over)
+    step = _step(name)
+    checks = _file_checks(name, step)
+    if len(parts) > 1:
+        checks = (*checks, Check(ZIP, _ema_twin(name)))
+    if marker is None and len(parts) == 1:
+        size, mtime = parts[0]
+        return file_generation(name, size, mtime, step, checks)
+    # A save NeMo has not committed (marker), or the two files of an EMA save: one generation.
+    start = min(mtime for _, mtime in parts)
+    size = sum(size for size, _ in parts)
+    settles = marker is None
+    return Found(
+        name, step, WRITING, start, newest, None, size, len(parts), checks, settles=settles
+    )
+
+
+def _sharded(name: str, child: Dir, marker: float | None) -> Found | None:
     """A ``.ckpt`` directory: the DCP save, then ``meta.pt`` written in place."""
     step = _step(name)
+    if marker is not None:
+        newest = max((mtime for _, _, mtime in child.walk()), default=None)
+        if newest is not None and marker > newest:
+            return None  # NeMo's removal under way
+        return generation(name, child, step, WRITING)  # NeMo has not committed it
     if child.file(META) is None or dcp.commit_time(child) is None:
         return generation(name, child, step, WRITING)
     meta = join(name, META)

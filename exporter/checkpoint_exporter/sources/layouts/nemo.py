@@ -37,6 +37,16 @@ NeMo no longer counts that checkpoint, and neither does this layout. Without a m
 checkpoint is committed (the unlink is the commit; its time is not on disk, so the commit time
 is the last write inside); ``weights/`` is then checked as a DCP directory, and one without
 ``metadata.json`` is invalid (megatron-core will not load it).
+
+NeMo 3 (nemo-toolkit 3.0.0) no longer has ``nemo/lightning/pytorch/callbacks/`` nor the LLM stack
+that wrote these directories: its ``NeMoModelCheckpoint`` (``nemo/utils/callbacks/
+nemo_model_checkpoint.py``) brackets Lightning's single ``.ckpt`` files with the same marker,
+read in lightning.py, where ``layout: auto`` sends such a tree (the files are Lightning's own
+``_atomic_save``; NeMo adds only the marker). ``layout: nemo`` reads them the same way: this
+layout parses its directories and hands everything ending in ``.ckpt``, and markers naming no
+directory, to lightning.py, so one NeMo job reads alike under either name. A marker claims a
+tree for this layout only when it names a directory beside it: a marker beside ``.ckpt`` files
+is NeMo 3's, and the save it marks says nothing about who wrote the tree.
 """
 
 from __future__ import annotations
@@ -44,6 +54,7 @@ from __future__ import annotations
 import re
 
 import checkpoint_exporter.sources.layouts.dcp as dcp
+import checkpoint_exporter.sources.layouts.lightning as lightning
 from checkpoint_exporter.sources.layouts.base import (
     COMMITTED,
     DCP,
@@ -79,6 +90,16 @@ def _is_checkpoint(name: str, listing: Dir, markers: set[str]) -> bool:
     return _marker_name(name) in markers or _STEP.search(name) is not None
 
 
+def _names_a_directory(root: Dir, base: str) -> bool:
+    """A NeMo 2 checkpoint directory the marker ``<base>-unfinished`` names (rmtree leaves the
+    directory till last, so a removal under way is still one)."""
+    return any(
+        _marker_name(name) == base + UNFINISHED
+        for name in root.subdirs
+        if not name.endswith(lightning.SUFFIX)
+    )
+
+
 def _newest_file(listing: Dir) -> float | None:
     """The newest regular file's mtime below ``listing``: a removal changes directory mtimes,
     never a file's."""
@@ -86,8 +107,9 @@ def _newest_file(listing: Dir) -> float | None:
 
 
 def detect(root: Dir) -> int:
-    if any(name.endswith(UNFINISHED) for name, _, _, _ in root.entries(FILE)):
-        return 95
+    for name, _, _, _ in root.entries(FILE):
+        if name.endswith(UNFINISHED) and _names_a_directory(root, name.removesuffix(UNFINISHED)):
+            return 95
     for _, child in root.dirs():
         weights = child.subdirs.get(WEIGHTS)
         if weights is not None and (CONTEXT in child.subdirs or dcp.is_checkpoint(weights)):
@@ -97,9 +119,9 @@ def detect(root: Dir) -> int:
 
 def parse(root: Dir, options: Options) -> list[Found]:
     markers = {name for name, _, _, _ in root.entries(FILE) if name.endswith(UNFINISHED)}
-    found = []
+    found = lightning.parse(root, options)  # NeMo 3's .ckpt files (and Lightning's own)
     for name, child in root.dirs():
-        if not _is_checkpoint(name, child, markers):
+        if name.endswith(lightning.SUFFIX) or not _is_checkpoint(name, child, markers):
             continue
         match = _STEP.search(name)
         step = step_digits(match.group(1)) if match else None
