@@ -276,6 +276,11 @@ def test_auto_detection_picks_each_writer(tmp_path: Path) -> None:
         "hf": {"checkpoint-1/trainer_state.json": 1},
         "lightning": {"epoch=0-step=1.ckpt": 1},
         "orbax": {"1/_CHECKPOINT_METADATA": b"{}"},
+        "ray": {
+            "checkpoint_2026-12-02_12-53-14.739337/model.pt": 1,
+            "checkpoint_manager_snapshot.json": b'{"checkpoint_results": [{"checkpoint_dir_name":'
+            b' "checkpoint_2026-12-02_12-53-14.739337", "metrics": {"step": 5}}]}',
+        },
         "torchsave": {"ckpt_step_1.pt": 1},
     }
     for expected, files in trees.items():

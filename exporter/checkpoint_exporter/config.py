@@ -57,7 +57,7 @@ DEFAULT_LISTEN_ADDRESS = f":{DEFAULT_PORT}"
 
 LAYOUTS = (
     "auto", "dcp", "torchtitan", "megatron", "nemo", "deepspeed", "accelerate", "hf", "lightning",
-    "orbax", "torchsave",
+    "orbax", "ray", "torchsave",
 )  # fmt: skip
 WATCH_MODES = ("auto", "inotify", "poll")
 GPU_MODES = ("auto", "on", "off")

@@ -119,6 +119,8 @@ _NAMES = [
     "mp_rank_00_model_states.pt", "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt",
     "checkpoints", "checkpoint_3", "random_states_0.pkl", "optimizer.bin", "optimizer_0",
     "custom_checkpoint_0.pkl", "step_5", ".tmpYIzjdP",
+    "checkpoint_manager_snapshot.json", ".validate_storage_marker",
+    "checkpoint_2026-12-02_12-53-14.739337", "hang_detector",
     "e\u0301", "\n", " ", "0" * 300, "\udcff",
 ]  # fmt: skip
 _CONTENTS = [
@@ -130,6 +132,10 @@ _CONTENTS = [
     b'{"weight_map": {"a": "/etc/passwd"}}', b'{"files": {"../../etc/shadow": "00"}}',
     b'{"metadata": {"total_size": -5}, "weight_map": null}', b"\xef\xbb\xbf{}",
     b'{"sha256": {"model.safetensors": "abc"}}',
+    b'{"checkpoint_results": [{"checkpoint_dir_name": "../../etc", "metrics": {"step": 1e400}}],'
+    b' "latest_checkpoint_result": {"checkpoint_dir_name": "../../etc"}}',
+    b'{"checkpoint_results": [{"checkpoint_dir_name": "5", "metrics": {"step": -1}}, 7, null],'
+    b' "latest_checkpoint_result": {"checkpoint_dir_name": ["5"]}}',
 ]  # fmt: skip
 
 _name = st.one_of(

@@ -94,6 +94,10 @@ class Driver:
         assert self.process.stdin is not None
         self.process.stdin.write(verb + "\n")
         self.process.stdin.flush()
+        return self.wait_for(expect, f"after {verb!r} ", timeout)
+
+    def wait_for(self, event: str, after: str = "", timeout: float = 150) -> dict:
+        """The driver's next line of ``event`` (lines of other events are dropped)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
@@ -102,10 +106,10 @@ class Driver:
                 if self.process.poll() is not None:
                     break
                 continue
-            if line.get("event") == expect:
+            if line.get("event") == event:
                 return line
         raise AssertionError(
-            f"{self.name} driver: no {expect!r} after {verb!r} within {timeout} s "
+            f"{self.name} driver: no {event!r} {after}within {timeout} s "
             f"(exit {self.process.poll()}):\n" + "".join(self.stderr[-60:])
         )
 
@@ -116,8 +120,12 @@ class Driver:
         return self.command("hang", "hanging", timeout)
 
     def kill(self) -> None:
+        """SIGKILL the driver's whole session, as a node failure would: its process group, and
+        the processes a library moved into groups of their own (Ray's workers call setpgid;
+        they stay in the driver's session, which ``start_new_session`` made its own)."""
         if self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGKILL)
+        kill_session(self.process.pid)  # the driver leads its session
         self.process.wait(timeout=30)
 
     def close(self) -> None:
@@ -129,6 +137,37 @@ class Driver:
             if stream:
                 with contextlib.suppress(OSError):
                     stream.close()
+
+
+def session_members(session: int) -> list[int]:
+    """The live processes whose session id is ``session`` (zombies are dead already: their
+    reaper may be a PID 1 that never reaps)."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as stream:
+                stat_line = stream.read()
+        except OSError:
+            continue  # exited meanwhile
+        # "pid (comm) state ppid pgrp session ...": comm may hold spaces and parentheses.
+        fields = stat_line[stat_line.rfind(b")") + 2 :].split()
+        if int(fields[3]) == session and fields[0] not in (b"Z", b"X"):
+            members.append(int(entry))
+    return members
+
+
+def kill_session(session: int, timeout: float = 30.0) -> None:
+    """SIGKILL every process of ``session`` until none is left (a dying parent may still fork)."""
+    deadline = time.monotonic() + timeout
+    while members := session_members(session):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"processes of session {session} outlived SIGKILL: {members}")
+        for pid in members:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.05)
 
 
 def disk_bytes(path: str | Path) -> int:

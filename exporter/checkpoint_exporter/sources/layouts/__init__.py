@@ -16,6 +16,7 @@ from checkpoint_exporter.sources.layouts import (
     megatron,
     nemo,
     orbax,
+    ray,
     torchsave,
     torchtitan,
 )
@@ -31,6 +32,7 @@ REGISTRY: dict[str, Layout] = {
         deepspeed.LAYOUT,
         accelerate.LAYOUT,
         hf.LAYOUT,
+        ray.LAYOUT,
         lightning.LAYOUT,
         torchsave.LAYOUT,
         orbax.LAYOUT,
