@@ -8,11 +8,12 @@ PYTEST_ARGS ?=
 CODE := exporter tests bench
 
 .DEFAULT_GOAL := help
-.PHONY: help venv toolchain writers wheelhouse image test test-fast lint generate bench fuzz demo release clean
+.PHONY: help venv toolchain writers wheelhouse image test test-nightly test-fast lint generate bench fuzz demo release clean
 
 help:
 	@echo "make demo      a simulated cluster watched by the exporter; prints the URLs"
 	@echo "make test      set up (virtualenv, package, Prometheus toolchain) and run the tests"
+	@echo "make test-nightly  the writers tier's other watch modes and variants (a nightly job)"
 	@echo "make test-fast the tests that need no root, toolchain, running exporter or real library:"
 	@echo "               under a minute"
 	@echo "make generate  rebuild the committed generated files"
@@ -56,13 +57,18 @@ tests/k8s/node_modules: tests/k8s/package-lock.json
 
 # Two runs: the suite, two files at a time (a file's module fixtures, such as the image, are built
 # once), then the writers tier (tests marked `writers`: real checkpoint libraries under a live
-# exporter), three tests at a time. Most tests spend their time waiting out deadlines, settle
+# exporter; its `nightly` half is `make test-nightly`), three tests at a time. Most tests spend their time waiting out deadlines, settle
 # periods and polls, not on a CPU: on 2 cores the suite took 20 minutes one at a time.
 TEST_WORKERS ?= 2
 WRITERS_WORKERS ?= 3
 test: venv toolchain writers tests/k8s/node_modules wheelhouse image
 	$(BIN)/python -m pytest -m "not writers" -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
-	$(BIN)/python -m pytest -m writers -n $(WRITERS_WORKERS) $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "writers and not nightly" -n $(WRITERS_WORKERS) $(PYTEST_ARGS)
+
+# The writers tier's other half: each writer's second watch mode and its slower variants
+# (tests/writers/harness.py says which run when). For a nightly job; about 10 minutes.
+test-nightly: venv writers
+	$(BIN)/python -m pytest -m nightly -n $(WRITERS_WORKERS) $(PYTEST_ARGS)
 
 # The inner loop: every test that needs none of the slow things the markers name (root, a
 # network namespace, Prometheus, Chromium, kubectl, a running exporter, a real checkpoint

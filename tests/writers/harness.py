@@ -38,6 +38,15 @@ import pytest
 from tests.conftest import REPO, Exporter, parse_samples, write_config
 
 DRIVERS = Path(__file__).resolve().parent / "drivers"
+
+# Which runs run on every change (`make test`) and which nightly (`make test-nightly`): every
+# writer's scenarios run on every change in one watch mode, the other mode nightly. The watch
+# modes alternate between writers, so every change drives both the inotify and the poll path
+# against real writers; each writer's second mode reads the same commits through the other
+# path, which the suite's own watch tests cover for every layout.
+NIGHTLY = pytest.mark.nightly
+INOTIFY_EVERY_CHANGE = ["inotify", pytest.param("poll", marks=NIGHTLY)]
+POLL_EVERY_CHANGE = [pytest.param("inotify", marks=NIGHTLY), "poll"]
 VENVS = Path(os.environ.get("WRITERS_VENVS", REPO / ".venv-writers"))
 
 

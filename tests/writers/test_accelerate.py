@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import pytest
 
-from tests.writers.harness import Driver, Scenario, Watched, watching
+from tests.writers.harness import NIGHTLY, Driver, Scenario, Watched, watching
 
 pytestmark = pytest.mark.writers
 
 
 @pytest.mark.parametrize(
     ("watch", "hang_in"),
-    [("inotify", "optimizer.bin"), ("poll", "random_states_0.pkl")],
+    [("inotify", "optimizer.bin"), pytest.param("poll", "random_states_0.pkl", marks=NIGHTLY)],
 )
 def test_accelerate_automatic_checkpoint_naming(tmp_path, watch: str, hang_in: str) -> None:
     args = ("--mode", "automatic", "--hang-in", hang_in)
@@ -37,6 +37,7 @@ def test_accelerate_automatic_checkpoint_naming(tmp_path, watch: str, hang_in: s
     assert [line["path"] for line in reported][-1] == str(root / "checkpoints" / "checkpoint_4")
 
 
+@NIGHTLY
 def test_accelerate_job_path_is_the_checkpoints_directory(tmp_path) -> None:
     project = tmp_path / "project"
     checkpoints = project / "checkpoints"

@@ -9,18 +9,18 @@ import os
 
 import pytest
 
-from tests.writers.harness import Scenario, watching
+from tests.writers.harness import INOTIFY_EVERY_CHANGE, POLL_EVERY_CHANGE, Scenario, watching
 
 pytestmark = pytest.mark.writers
 
 
-@pytest.mark.parametrize("watch", ["inotify", "poll"])
+@pytest.mark.parametrize("watch", INOTIFY_EVERY_CHANGE)
 def test_dcp_step_directories(tmp_path, watch: str) -> None:
     with watching(tmp_path, "dcp", "torch", watch=watch) as (_root, driver, watched):
         Scenario(driver, watched, layout="dcp").run()
 
 
-@pytest.mark.parametrize("watch", ["inotify", "poll"])
+@pytest.mark.parametrize("watch", POLL_EVERY_CHANGE)
 def test_dcp_retention_deleting_file_by_file(tmp_path, watch: str) -> None:
     """Retention as a slow ``rm -r`` on a parallel filesystem: the oldest generation loses its
     four shards one by one, 0.3 s apart, then ``.metadata``, each state read by the exporter. A

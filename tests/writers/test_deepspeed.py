@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import pytest
 
-from tests.writers.harness import Scenario, watching
+from tests.writers.harness import INOTIFY_EVERY_CHANGE, Scenario, watching
 
 pytestmark = pytest.mark.writers
 
 
-@pytest.mark.parametrize("watch", ["inotify", "poll"])
+@pytest.mark.parametrize("watch", INOTIFY_EVERY_CHANGE)
 def test_deepspeed_latest(tmp_path, watch: str) -> None:
     with watching(tmp_path, "deepspeed", "torch", watch=watch) as (root, driver, watched):
         Scenario(driver, watched, layout="deepspeed").run()

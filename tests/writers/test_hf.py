@@ -15,7 +15,14 @@ from collections import Counter
 
 import pytest
 
-from tests.writers.harness import Driver, Expected, Scenario, Watched, watching
+from tests.writers.harness import (
+    INOTIFY_EVERY_CHANGE,
+    Driver,
+    Expected,
+    Scenario,
+    Watched,
+    watching,
+)
 
 pytestmark = pytest.mark.writers
 
@@ -25,7 +32,7 @@ def _run(tmp_path, mode: str, watch: str = "inotify") -> None:
         Scenario(driver, watched, layout="hf").run()
 
 
-@pytest.mark.parametrize("watch", ["inotify", "poll"])
+@pytest.mark.parametrize("watch", INOTIFY_EVERY_CHANGE)
 def test_hf_trainer_checkpoints(tmp_path, watch: str) -> None:
     _run(tmp_path, "trainer", watch)
 

@@ -29,7 +29,14 @@ from checkpoint_exporter.sources.layouts.base import ZIP_STEP
 from checkpoint_exporter.sources.validate import Verdict, validate
 from tests.conftest import parse_samples
 from tests.helpers.trees import scan
-from tests.writers.harness import JOB, Driver, Expected, Watched, writer_python
+from tests.writers.harness import (
+    INOTIFY_EVERY_CHANGE,
+    JOB,
+    Driver,
+    Expected,
+    Watched,
+    writer_python,
+)
 
 pytestmark = pytest.mark.writers
 
@@ -189,7 +196,7 @@ def run(tmp_path: Path, *options: str, watch: str = "inotify", visible: bool = F
         watched.close()
 
 
-@pytest.mark.parametrize("watch", ["inotify", "poll"])
+@pytest.mark.parametrize("watch", INOTIFY_EVERY_CHANGE)
 def test_top_k_step_files_and_a_full_last_ckpt(tmp_path: Path, watch: str) -> None:
     """(a) save_top_k=2 on an improving score, save_last=True: each save writes
     ``epoch=0-step=S.ckpt`` then a full ``last.ckpt`` (step only inside), then deletes the

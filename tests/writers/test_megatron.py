@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import pytest
 
-from tests.writers.harness import Scenario, watching
+from tests.writers.harness import POLL_EVERY_CHANGE, Scenario, watching
 
 pytestmark = pytest.mark.writers
 
 
-@pytest.mark.parametrize("watch", ["inotify", "poll"])
+@pytest.mark.parametrize("watch", POLL_EVERY_CHANGE)
 def test_megatron_iterations_and_tracker(tmp_path, watch: str) -> None:
     with watching(tmp_path, "megatron", "torch", watch=watch) as (root, driver, watched):
         reported = Scenario(driver, watched, layout="megatron").run()

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.writers.harness import Expected, Scenario, Watched, disk_bytes, watching
+from tests.writers.harness import NIGHTLY, Expected, Scenario, Watched, disk_bytes, watching
 from tests.writers.test_lightning import ready, tmpfs  # noqa: F401 - tmpfs is a fixture
 
 pytestmark = pytest.mark.writers
@@ -87,6 +87,7 @@ def _expect(
     assert got is not None and abs(float(got) - truth) <= 0.01 * truth, (got, truth)
 
 
+@NIGHTLY
 def test_last_and_ema_with_tmpdir_on_another_filesystem(tmp_path: Path, tmpfs: Path) -> None:  # noqa: F811
     """exp_manager's defaults where they matter: ``save_last`` (``<template>-last.ckpt`` saved at
     every trigger, the previous one removed under its marker) and the EMA callback (every save

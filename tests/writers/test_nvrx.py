@@ -52,12 +52,12 @@ from __future__ import annotations
 
 import pytest
 
-from tests.writers.harness import Scenario, watching
+from tests.writers.harness import INOTIFY_EVERY_CHANGE, Scenario, watching
 
 pytestmark = pytest.mark.writers
 
 
-@pytest.mark.parametrize("watch", ["inotify", "poll"])
+@pytest.mark.parametrize("watch", INOTIFY_EVERY_CHANGE)
 def test_nvrx_async_save_two_ranks(tmp_path, watch: str) -> None:
     with watching(tmp_path, "nvrx", "nvrx", watch=watch) as (root, driver, watched):
         reported = Scenario(driver, watched, layout="dcp").run()

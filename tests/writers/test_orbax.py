@@ -9,14 +9,19 @@ from __future__ import annotations
 
 import pytest
 
-from tests.writers.harness import Scenario, watching
+from tests.writers.harness import NIGHTLY, Scenario, watching
 
 pytestmark = pytest.mark.writers
 
 
 @pytest.mark.parametrize(
     ("mode", "watch"),
-    [("async", "inotify"), ("sync", "inotify"), ("async", "poll"), ("sync", "poll")],
+    [
+        ("async", "inotify"),
+        pytest.param("sync", "inotify", marks=NIGHTLY),
+        pytest.param("async", "poll", marks=NIGHTLY),
+        ("sync", "poll"),
+    ],
 )
 def test_orbax_checkpoint_manager(tmp_path, mode: str, watch: str) -> None:
     with watching(tmp_path, "orbax", "jax", mode, watch=watch) as (_root, driver, watched):

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from tests.writers.harness import Scenario, watching
+from tests.writers.harness import INOTIFY_EVERY_CHANGE, Scenario, watching
 
 pytestmark = pytest.mark.writers
 
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.writers
 START_TIMEOUT = 300.0
 
 
-@pytest.mark.parametrize("watch", ["inotify", "poll"])
+@pytest.mark.parametrize("watch", INOTIFY_EVERY_CHANGE)
 def test_ray_train_checkpoints(tmp_path, watch: str) -> None:
     # Ray's temporary directory holds its Unix sockets, whose paths may not pass 107 bytes: a
     # short one under /tmp, not pytest's tmp_path.

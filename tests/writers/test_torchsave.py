@@ -15,13 +15,20 @@ import pytest
 
 from checkpoint_exporter.sources.layouts.base import ZIP, Check
 from checkpoint_exporter.sources.validate import BAD_ZIP, validate
-from tests.writers.harness import Scenario, watching
+from tests.writers.harness import NIGHTLY, Scenario, watching
 
 pytestmark = pytest.mark.writers
 
 
-@pytest.mark.parametrize("mode", ["in-place", "replace"])
-@pytest.mark.parametrize("watch", ["inotify", "poll"])
+@pytest.mark.parametrize(
+    ("watch", "mode"),
+    [
+        ("inotify", "in-place"),
+        pytest.param("inotify", "replace", marks=NIGHTLY),
+        pytest.param("poll", "in-place", marks=NIGHTLY),
+        ("poll", "replace"),
+    ],
+)
 def test_torch_save_step_files_keep_last_two(tmp_path: Path, watch: str, mode: str) -> None:
     with watching(tmp_path, "torchsave", "torch", mode, watch=watch) as (root, driver, watched):
         reported = Scenario(driver, watched, layout="torchsave").run()

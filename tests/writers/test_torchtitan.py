@@ -9,13 +9,18 @@ from __future__ import annotations
 
 import pytest
 
-from tests.writers.harness import Scenario, watching
+from tests.writers.harness import NIGHTLY, Scenario, watching
 
 pytestmark = pytest.mark.writers
 
 
 @pytest.mark.parametrize(
-    ("async_mode", "watch"), [("disabled", "inotify"), ("async", "inotify"), ("disabled", "poll")]
+    ("async_mode", "watch"),
+    [
+        pytest.param("disabled", "inotify", marks=NIGHTLY),
+        ("async", "inotify"),
+        ("disabled", "poll"),
+    ],
 )
 def test_torchtitan_checkpoint_manager(tmp_path, async_mode: str, watch: str) -> None:
     with watching(tmp_path, "torchtitan", "torch", async_mode, job="outputs", watch=watch) as (
