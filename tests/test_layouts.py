@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 from checkpoint_exporter.model import ABORTED, COMMITTED, WRITING
-from tests.helpers.trees import BASE, build, scan, touch
+from tests.helpers.trees import BASE, build, dcp_generation, scan, touch
 
 
 def states(found: dict) -> dict[str, str]:
@@ -315,6 +315,28 @@ def test_with_nothing_that_lasts_yet_the_surest_sign_decides(tmp_path: Path) -> 
     assert scan(tmp_path / "megatron")[0] == "megatron"
     build(tmp_path / "orbax", {"1.orbax-checkpoint-tmp-7/d/file": 8}, BASE)
     assert scan(tmp_path / "orbax")[0] == "orbax"
+
+
+def test_a_generic_reading_of_the_same_save_in_progress_cannot_take_the_tree(
+    tmp_path: Path,
+) -> None:
+    # Lightning's sharded first save: the DCP save is done (`.metadata` renamed into place),
+    # rank 0's `meta.pt` not yet written. DCP reads that directory as committed, Lightning as a
+    # save in progress: the same generation, read less strictly. Taken by `dcp` for that
+    # instant, the save was counted twice (committed by dcp, then written again and settled
+    # under lightning) and a save killed before `meta.pt` was never aborted.
+    sharded = tmp_path / "lightning"
+    dcp_generation(sharded / "epoch=0-step=100.ckpt")
+    layout, found = scan(sharded)
+    assert layout == "lightning"
+    assert states(found) == {"epoch=0-step=100.ckpt": WRITING}
+    # Ray Train's first upload of a DCP checkpoint, before the controller registered it.
+    ray = tmp_path / "ray"
+    build(ray, {".validate_storage_marker": 0})
+    dcp_generation(ray / "checkpoint_2026-12-02_12-53-14.739337")
+    layout, found = scan(ray)
+    assert layout == "ray"
+    assert states(found) == {"checkpoint_2026-12-02_12-53-14.739337": WRITING}
 
 
 def test_a_tree_with_nothing_recognisable_has_no_layout(tmp_path: Path) -> None:

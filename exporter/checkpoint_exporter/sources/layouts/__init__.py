@@ -75,22 +75,34 @@ def identify(root: Dir, options: Options) -> tuple[str | None, list[Found]]:
     """The layout whose writer most surely produced ``root``, and the generations it finds there;
     (None, []) while nothing tells.
 
-    A writer's score says how specific its signs are, but a sign may be a file that lives only
-    while a save runs (NeMo's ``-unfinished`` marker beside Lightning ``.ckpt`` files, a
-    temporary directory). So a layout that finds no generation that lasts (committed, or
-    judged by stillness) yields to one that does: a save in progress cannot flip a job's layout
-    and hide its checkpoints. Among equals the higher score wins; ties go to the earlier, more
-    specific writer."""
-    best: tuple[tuple[bool, int], str, list[Found]] | None = None
+    A writer's score says how specific its signs are, and the surest decides. But a sign may be
+    a file that lives only while a save runs (a temporary directory, a marker of a save in
+    progress), and the surest layout may then find no generation that lasts (committed, or
+    judged by stillness) where another finds some it does not see at all: it would hide them.
+    Then the surest among the layouts that find such a generation wins instead, so a save in
+    progress cannot flip a job's layout and hide its checkpoints. A generation the surest
+    layout sees too, as a save in progress, is no such evidence: that is a less strict reading
+    of the same save (DCP's ``.metadata`` in Lightning's sharded ``.ckpt`` before its
+    ``meta.pt``, in Megatron's ``iter_N`` before its tracker file, in Ray's upload before the
+    snapshot names it), and taking it would count the save twice, once when the generic layout
+    commits it and again when the writer's own layout takes the tree back. Ties go to the
+    earlier, more specific writer."""
+    ranked: list[tuple[int, str, list[Found]]] = []
     for name, layout in REGISTRY.items():
         score = layout.detect(root)
-        if score <= 0:
-            continue
-        found = layout.parse(root, options)
-        key = (any(_lasts(item) for item in found), score)
-        if best is None or key > best[0]:
-            best = (key, name, found)
-    return (None, []) if best is None else (best[1], best[2])
+        if score > 0:
+            ranked.append((score, name, layout.parse(root, options)))
+    if not ranked:
+        return None, []
+    ranked.sort(key=lambda candidate: -candidate[0])  # stable: registry order among ties
+    _, name, found = ranked[0]
+    if any(_lasts(item) for item in found):
+        return name, found
+    seen = {item.id for item in found}
+    for _, other, other_found in ranked[1:]:
+        if any(_lasts(item) and item.id not in seen for item in other_found):
+            return other, other_found
+    return name, found
 
 
 def _lasts(found: Found) -> bool:
