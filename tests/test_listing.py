@@ -6,7 +6,9 @@ import os
 import time
 from pathlib import Path
 
-from checkpoint_exporter.sources.listing import DIR, FILE, LINK, OTHER, OpsBudget, TreeReader
+import pytest
+
+from checkpoint_exporter.sources.listing import DIR, FILE, LINK, OTHER, Dir, OpsBudget, TreeReader
 from tests.helpers.trees import build
 
 
@@ -113,3 +115,29 @@ def test_the_budget_paces_metadata_operations() -> None:
     for _ in range(1000):
         unlimited.spend()
     assert len(slept) == before
+
+
+def test_many_root_markers_cost_one_index_per_read_not_a_search_each(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A torch.save run keeping every save has thousands of ``ckpt_step_N.pt`` in its root, each
+    a marker re-statted on every read: a linear search of the names per marker made a root of
+    20,000 cost seconds of CPU per read (quadratic)."""
+    build(tmp_path, {f"ckpt_step_{i}.pt": 8 for i in range(400)})
+    reader = tree_of(tmp_path, root_marker=lambda name: name.endswith(".pt"))
+    reader.read()
+    searches = 0
+    position = Dir._position
+
+    def counted(self: Dir, name: str) -> int | None:
+        nonlocal searches
+        searches += 1
+        return position(self, name)
+
+    monkeypatch.setattr(Dir, "_position", counted)
+    with open(tmp_path / "ckpt_step_399.pt", "ab") as handle:
+        handle.write(b"z")
+    tree, stats = reader.read()
+    assert tree is not None and stats.statted == 400
+    assert tree.file("ckpt_step_399.pt")[0] == 9
+    assert searches < 16
