@@ -144,6 +144,20 @@ def test_a_weights_write_in_flight_keeps_the_save_writing(tmp_path: Path) -> Non
     }
 
 
+def test_another_ranks_random_states_alone_is_no_finished_save(tmp_path: Path) -> None:
+    # DDP on two processes: rank 1 has nothing but its RNG state to write, and writes it while
+    # the main process still gathers its state dict and turns the tensors into bytes, before
+    # safetensors' temporary file exists (seconds for a large model). Settled and judged then,
+    # the save was committed with no weights in it, and counted again once the main process
+    # wrote them; a kill in that window read as a good checkpoint.
+    build(tmp_path, {"checkpoints/checkpoint_0/random_states_1.pkl": 14497}, BASE)
+    layout, found = scan(tmp_path)
+    assert layout == "accelerate"
+    assert states(found) == {"checkpoints/checkpoint_0": (WRITING, False)}
+    build(tmp_path, {"step_100/random_states_1.pkl": 14497}, BASE)  # an explicit directory
+    assert states(scan(tmp_path)[1])["step_100"] == (WRITING, False)
+
+
 def test_the_first_save_is_recognised_before_its_first_file(tmp_path: Path) -> None:
     build(tmp_path, {"checkpoints/checkpoint_0/": ""})
     layout, found = scan(tmp_path)

@@ -60,10 +60,11 @@ while its files move and is judged once still for the job's ``settle`` period: s
 header checks of the weights, zip checks of every ``.bin``/``.pt``/``.pth`` and of accelerate's
 ``.pkl`` files (never unpickled), DCP checks of FSDP's sharded subdirectories. It stays writing,
 never settling, while the save is visibly unfinished: no ``random_states_R.pkl`` yet (every rank
-writes one, after its model, optimizer and scheduler), a safetensors ``.tmpXXXXXX`` as new as
-anything in it (a weights write in flight, or killed), or a DCP subdirectory without its
-``.metadata``. A killed save is therefore either still writing or fails a check once still,
-and is aborted once ``abort_after`` passes without progress. What the disk cannot tell: a save
+writes one, after its model, optimizer and scheduler), only ranks' RNG states (another rank's
+lands while the main process still gathers its state dict, before any file of its own), a
+safetensors ``.tmpXXXXXX`` as new as anything in it (a weights write in flight, or killed), or a
+DCP subdirectory without its ``.metadata``. A killed save is therefore either still writing or
+fails a check once still, and is aborted once ``abort_after`` passes without progress. What the disk cannot tell: a save
 killed exactly between two whole files after ``random_states_R.pkl`` (before a custom object's
 file began), or a rank that died before writing any file of its own, looks finished.
 
@@ -176,9 +177,13 @@ def _saved(id: str, listing: Dir, step: int | None, prefix: str | None = None) -
 
 
 def _looks_done(listing: Dir) -> bool:
-    """Every rank's last file is its ``random_states_R.pkl``: with one there, and no weights
-    write nor FSDP shard set in flight, what remains to judge is whether the files are whole."""
+    """Every rank's last file is its ``random_states_R.pkl``: with one there, something the
+    main process wrote before its own (another rank's lands while the main process still turns
+    its tensors into bytes, before any file of its own exists), and no weights write nor FSDP
+    shard set in flight, what remains to judge is whether the files are whole."""
     if not _has_random_states(listing) or write_in_flight(listing):
+        return False
+    if not _main_process_wrote(listing):
         return False
     return all(
         dcp.commit_time(child) is not None
@@ -206,6 +211,15 @@ def _checks(listing: Dir, prefix: str) -> tuple[Check, ...]:
                 if relative.endswith(_TORCH_SAVE)
             )
     return tuple(found)
+
+
+def _main_process_wrote(listing: Dir) -> bool:
+    """A file besides the ranks' RNG states (weights, optimizer, scheduler, ...; not a hidden
+    temporary file) or one of FSDP's or DeepSpeed's state directories."""
+    return any(
+        not name.startswith(".") and not _RANDOM_STATES.fullmatch(name)
+        for name, _, _, _ in listing.entries(FILE)
+    ) or any(_STATE_DIR.fullmatch(name) for name in listing.subdirs)
 
 
 def _has_random_states(listing: Dir) -> bool:
