@@ -55,18 +55,18 @@ Protocol of accelerate 1.15.0 with safetensors 0.8.0 and torch 2.13 (read in
   cut short, it lacks its end-of-central-directory record. There is no barrier at the end, so
   another rank's ``random_states_R.pkl`` can land before the main process wrote its models.
 
-So nothing commits a generation: it **settles**. A generation counts as a save in progress
-while its files move and is judged once still for the job's ``settle`` period: safetensors
-header checks of the weights, zip checks of every ``.bin``/``.pt``/``.pth`` and of accelerate's
-``.pkl`` files (never unpickled), DCP checks of FSDP's sharded subdirectories. It stays writing,
-never settling, while the save is visibly unfinished: no ``random_states_R.pkl`` yet (every rank
-writes one, after its model, optimizer and scheduler), only ranks' RNG states (another rank's
-lands while the main process still gathers its state dict, before any file of its own), a
-safetensors ``.tmpXXXXXX`` as new as anything in it (a weights write in flight, or killed), or a
-DCP subdirectory without its ``.metadata``. A killed save is therefore either still writing or
-fails a check once still, and is aborted once ``abort_after`` passes without progress. What the disk cannot tell: a save
-killed exactly between two whole files after ``random_states_R.pkl`` (before a custom object's
-file began), or a rank that died before writing any file of its own, looks finished.
+So nothing commits a generation: it **settles**. A generation counts as a save in progress while its
+files move and is judged once still for the job's ``settle`` period: safetensors header checks of
+the weights, zip checks of every ``.bin``/``.pt``/``.pth`` and of accelerate's ``.pkl`` files (never
+unpickled), DCP checks of FSDP's sharded subdirectories. It stays writing, never settling, while the
+save is visibly unfinished: no ``random_states_R.pkl`` yet (every rank writes one, after its model,
+optimizer and scheduler), only ranks' RNG states (another rank's lands while the main process still
+gathers its state dict, before any file of its own), a safetensors ``.tmpXXXXXX`` as new as anything
+in it (a weights write in flight, or killed), or a DCP subdirectory without its ``.metadata``. A
+killed save is therefore either still writing or fails a check once still, and is aborted once
+``abort_after`` passes without progress. What the disk cannot tell: a save killed exactly between
+two whole files after ``random_states_R.pkl`` (before a custom object's file began), or a rank that
+died before writing any file of its own, looks finished.
 
 Detection and job paths. The job's path may be ``<project_dir>`` (its ``checkpoints/``
 directory holds the generations, ids ``checkpoints/checkpoint_N``) or
