@@ -87,19 +87,18 @@ def identify(root: Dir, options: Options) -> tuple[str | None, list[Found]]:
     snapshot names it), and taking it would count the save twice, once when the generic layout
     commits it and again when the writer's own layout takes the tree back. Ties go to the
     earlier, more specific writer."""
-    ranked: list[tuple[int, str, list[Found]]] = []
-    for name, layout in REGISTRY.items():
-        score = layout.detect(root)
-        if score > 0:
-            ranked.append((score, name, layout.parse(root, options)))
+    scores = ((layout.detect(root), name) for name, layout in REGISTRY.items())
+    ranked = [(score, name) for score, name in scores if score > 0]
     if not ranked:
         return None, []
     ranked.sort(key=lambda candidate: -candidate[0])  # stable: registry order among ties
-    _, name, found = ranked[0]
+    name = ranked[0][1]
+    found = REGISTRY[name].parse(root, options)
     if any(_lasts(item) for item in found):
-        return name, found
+        return name, found  # the common case: one parse
     seen = {item.id for item in found}
-    for _, other, other_found in ranked[1:]:
+    for _, other in ranked[1:]:
+        other_found = REGISTRY[other].parse(root, options)
         if any(_lasts(item) and item.id not in seen for item in other_found):
             return other, other_found
     return name, found
