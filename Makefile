@@ -55,11 +55,12 @@ tests/k8s/node_modules: tests/k8s/package-lock.json
 	npm ci --prefix tests/k8s --no-audit --no-fund --loglevel=error
 	@touch $@
 
-# Two runs: the suite, two files at a time (a file's module fixtures, such as the image, are built
-# once), then the writers tier (tests marked `writers`: real checkpoint libraries under a live
-# exporter; its `nightly` half is `make test-nightly`), three tests at a time. Most tests spend their time waiting out deadlines, settle
-# periods and polls, not on a CPU: on 2 cores the suite took 20 minutes one at a time.
-TEST_WORKERS ?= 2
+# Two runs: the suite, three files at a time (a file's module fixtures, such as the image, are
+# built once), then the writers tier (tests marked `writers`: real checkpoint libraries under a
+# live exporter; its `nightly` half is `make test-nightly`), three tests at a time. Most tests
+# spend their time waiting out deadlines, settle periods and polls, not on a CPU: on 2 cores the
+# suite took 20 minutes one at a time, 15 two files at a time.
+TEST_WORKERS ?= 3
 WRITERS_WORKERS ?= 3
 test: venv toolchain writers tests/k8s/node_modules wheelhouse image
 	$(BIN)/python -m pytest -m "not writers" -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)

@@ -53,6 +53,7 @@ def test_accelerate_job_path_is_the_checkpoints_directory(tmp_path) -> None:
         watched.close()
 
 
+@NIGHTLY
 def test_accelerate_explicit_directories(tmp_path) -> None:
     args = ("--mode", "explicit", "--hang-in", "random_states_0.pkl")
     with watching(tmp_path, "accelerate", "torch", *args) as (root, driver, watched):

@@ -17,6 +17,7 @@ import pytest
 
 from tests.writers.harness import (
     INOTIFY_EVERY_CHANGE,
+    NIGHTLY,
     Driver,
     Expected,
     Scenario,
@@ -41,6 +42,7 @@ def test_hf_save_pretrained_directories(tmp_path) -> None:
     _run(tmp_path, "dirs")
 
 
+@NIGHTLY
 def test_hf_save_pretrained_into_the_root(tmp_path) -> None:
     # Scenario's own loop would count the one path reported by every save once per save
     # (harness.retained does not deduplicate): the same checks, written out for one generation.

@@ -32,6 +32,7 @@ from tests.helpers.trees import scan
 from tests.writers.harness import (
     INOTIFY_EVERY_CHANGE,
     JOB,
+    NIGHTLY,
     Driver,
     Expected,
     Watched,
@@ -204,11 +205,13 @@ def test_top_k_step_files_and_a_full_last_ckpt(tmp_path: Path, watch: str) -> No
     run(tmp_path, "--save-last", "true", "--top-k", "2", "--monitor", "improving", watch=watch)
 
 
+@NIGHTLY
 def test_last_ckpt_as_a_symlink(tmp_path: Path) -> None:
     """(b) save_last="link": ``last.ckpt`` is a relative symlink to the newest top-k file."""
     run(tmp_path, "--save-last", "link", "--top-k", "2", "--monitor", "improving")
 
 
+@NIGHTLY
 def test_top_k_keeps_nothing_new_and_only_last_ckpt_changes(tmp_path: Path) -> None:
     """(c) save_top_k=1 on a score that never improves: after the first save only
     ``last.ckpt`` is rewritten, its newer step readable only inside it."""
@@ -226,6 +229,7 @@ def test_temporary_directory_on_another_filesystem(tmp_path: Path, tmpfs: Path) 
     )  # fmt: skip
 
 
+@NIGHTLY
 def test_a_killed_copy_over_last_ckpt_leaves_the_older_top_k_file(
     tmp_path: Path, tmpfs: Path
 ) -> None:

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.writers
         ("async", "inotify"),
         pytest.param("sync", "inotify", marks=NIGHTLY),
         pytest.param("async", "poll", marks=NIGHTLY),
-        ("sync", "poll"),
+        pytest.param("sync", "poll", marks=NIGHTLY),
     ],
 )
 def test_orbax_checkpoint_manager(tmp_path, mode: str, watch: str) -> None:

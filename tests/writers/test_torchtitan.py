@@ -19,7 +19,7 @@ pytestmark = pytest.mark.writers
     [
         pytest.param("disabled", "inotify", marks=NIGHTLY),
         ("async", "inotify"),
-        ("disabled", "poll"),
+        pytest.param("disabled", "poll", marks=NIGHTLY),
     ],
 )
 def test_torchtitan_checkpoint_manager(tmp_path, async_mode: str, watch: str) -> None:
