@@ -113,14 +113,19 @@ def test_a_flood_in_one_jobs_spool_holds_no_memory_and_starves_no_one(
 
 def test_every_poll_is_bounded_during_a_flood(tmp_path: Path) -> None:
     """The reader and the clocks in-process: a 60 MB flood costs each poll at most its budget
-    (well under 0.5 s of CPU), the job's clocks hold at most MAX_OPEN_SAVES saves, and the other
-    job's events come in the first poll."""
+    (``poll_bytes`` and ``poll_lines``: no poll parses more lines than they allow; the CPU a
+    poll costs is printed, and measured by ``make bench``, not asserted on a shared machine),
+    the job's clocks hold at most MAX_OPEN_SAVES saves, and the other job's events come in the
+    first poll."""
     for job in ("flood", "quiet"):
         (tmp_path / job).mkdir()
     reader = SpoolReader(tmp_path)
     clocks = Clocks(dropped=reader.dropped_total)
     reader.poll()
-    (tmp_path / "flood" / "h-1.jsonl").write_bytes(flood("flood", 0, 60))
+    flooding = flood("flood", 0, 60)
+    (tmp_path / "flood" / "h-1.jsonl").write_bytes(flooding)
+    shortest = min(len(line) + 1 for line in flooding.splitlines() if line)
+    most_lines = min(reader.poll_lines, reader.poll_bytes // shortest + 1)
     now = time.time()
     (tmp_path / "quiet" / "h-2.jsonl").write_bytes(save("quiet", 1, now - 1, now))
     worst = 0.0
@@ -130,12 +135,12 @@ def test_every_poll_is_bounded_during_a_flood(tmp_path: Path) -> None:
         events = reader.poll()
         clocks.add([e for e in events if e.training_job == "flood"], time.time())
         worst = max(worst, time.process_time() - cpu)
+        assert len(events) <= most_lines + 5, f"{len(events)} lines parsed in one poll"
         if first:
             assert sum(e.training_job == "quiet" for e in events) == 5
             first = False
         assert len(clocks.saves) <= MAX_OPEN_SAVES
     print(f"MEASURE worst poll {worst * 1000:.0f} ms CPU")
-    assert worst < 0.5, f"a poll took {worst:.2f} s of CPU"
     assert reader.dropped_total["open_saves_cap"] > 0  # counted, in the reader's counter
     assert reader.dropped_bytes_total["backlog"] > 0  # 60 MB is more than a file may lag
 
