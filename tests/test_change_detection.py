@@ -22,22 +22,11 @@ from checkpoint_exporter.model import (
     WatchedPath,
     newest_committed,
 )
-from checkpoint_exporter.sources import layouts
 from checkpoint_exporter.sources.layouts.base import ZIP, Check, Found, file_generation
-from checkpoint_exporter.sources.listing import OpsBudget, TreeReader
 from checkpoint_exporter.sources.validate import Verdict
+from tests.helpers.trees import daemon_reader
 
 T = 1_800_000_000.0
-
-
-def reader(root: Path) -> TreeReader:
-    return TreeReader(
-        root,
-        OpsBudget(),
-        layouts.ALL_CONTENT_FILES,
-        marker_names=layouts.MARKER_NAMES,
-        marker_suffixes=layouts.MARKER_SUFFIXES,
-    )
 
 
 def rewrite_in_place(path: Path, text: str, mtime: float | None = None) -> None:
@@ -54,7 +43,7 @@ def test_a_pointer_rewritten_in_place_is_read_again(tmp_path: Path) -> None:
     (tmp_path / "global_step1").mkdir()
     (tmp_path / "global_step2").mkdir()
     rewrite_in_place(tmp_path / "latest", "global_step1")
-    tree_reader = reader(tmp_path)
+    tree_reader = daemon_reader(tmp_path)
     tree, _ = tree_reader.read()
     assert tree.contents["latest"] == b"global_step1"
     root_mtime = os.stat(tmp_path).st_mtime_ns
@@ -68,7 +57,7 @@ def test_a_pointer_rewritten_in_place_is_read_again(tmp_path: Path) -> None:
 def test_same_size_same_mtime_rewrite_is_told_by_ctime(tmp_path: Path) -> None:
     """Filers with one-second mtimes: the same length written twice within a second."""
     rewrite_in_place(tmp_path / "latest_checkpointed_iteration.txt", "100", mtime=T)
-    tree_reader = reader(tmp_path)
+    tree_reader = daemon_reader(tmp_path)
     tree, _ = tree_reader.read()
     rewrite_in_place(tmp_path / "latest_checkpointed_iteration.txt", "200", mtime=T)
     tree, _ = tree_reader.read()
@@ -79,7 +68,7 @@ def test_a_rename_over_a_known_name_is_a_new_file(tmp_path: Path) -> None:
     step = tmp_path / "step-1"
     step.mkdir()
     (step / ".metadata").write_bytes(b"x" * 10)
-    tree_reader = reader(tmp_path)
+    tree_reader = daemon_reader(tmp_path)
     tree_reader.read()
     (step / ".metadata.tmp").write_bytes(b"y" * 99)
     os.replace(step / ".metadata.tmp", step / ".metadata")
@@ -90,7 +79,7 @@ def test_a_rename_over_a_known_name_is_a_new_file(tmp_path: Path) -> None:
 def test_a_file_that_grows_after_it_appeared_keeps_growing(tmp_path: Path) -> None:
     checkpoint = tmp_path / "epoch=0-step=10.ckpt"
     checkpoint.write_bytes(b"z" * 10)
-    tree_reader = reader(tmp_path)
+    tree_reader = daemon_reader(tmp_path)
     tree_reader.read()
     with open(checkpoint, "ab") as handle:  # a copy across filesystems, still going
         handle.write(b"z" * 5000)
@@ -103,7 +92,7 @@ def test_a_file_the_watcher_named_is_restatted(tmp_path: Path) -> None:
     step.mkdir()
     shard = step / "__0_0.distcp"
     shard.write_bytes(b"a" * 10)
-    tree_reader = reader(tmp_path)
+    tree_reader = daemon_reader(tmp_path)
     tree_reader.read()
     rewrite_in_place(shard, "b" * 40)
     tree, _ = tree_reader.read()
@@ -119,7 +108,7 @@ def test_markers_cost_one_stat_each_and_unchanged_ones_keep_the_tree(tmp_path: P
         for rank in range(50):
             (directory / f"__{rank}_0.distcp").write_bytes(b"s")
         (directory / ".metadata").write_bytes(b"m")
-    tree_reader = reader(tmp_path)
+    tree_reader = daemon_reader(tmp_path)
     first, _ = tree_reader.read()
     again, stats = tree_reader.read()
     assert (stats.listed, stats.statted) == (0, 3 + 3)  # three directories, three markers

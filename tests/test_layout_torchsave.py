@@ -24,7 +24,7 @@ from checkpoint_exporter.sources.layouts import torchsave
 from checkpoint_exporter.sources.layouts.base import ZIP, Options
 from checkpoint_exporter.sources.listing import OpsBudget, TreeReader
 from checkpoint_exporter.sources.validate import BAD_ZIP, Verdict, validate
-from tests.helpers.trees import BASE, build, scan
+from tests.helpers.trees import BASE, build, daemon_reader, scan
 
 # torch.save({"model": Linear(2, 2).state_dict(), "optimizer": SGD(...).state_dict(), "step": 5},
 # "ckpt_step_5.pt") on torch 2.13.0+cpu (zlib-compressed, base64): 2181 bytes.
@@ -307,17 +307,6 @@ def test_the_legacy_format_has_no_end_record_and_is_not_judged_whole(tmp_path: P
 # --- the root's files are re-statted: they grow in place -----------------------------------------
 
 
-def reader(root: Path) -> TreeReader:
-    return TreeReader(
-        root,
-        OpsBudget(),
-        layouts.ALL_CONTENT_FILES,
-        marker_names=layouts.MARKER_NAMES,
-        marker_suffixes=layouts.MARKER_SUFFIXES,
-        root_marker=layouts.ROOT_MARKER,
-    )
-
-
 def grow(path: Path, size: int) -> None:
     with open(path, "ab") as handle:  # the same inode: no directory's mtime moves
         handle.write(b"z" * size)
@@ -329,7 +318,7 @@ def test_a_step_file_growing_in_place_is_seen_growing(tmp_path: Path) -> None:
     (DeepSpeed's states, one per rank) are not."""
     files = ("ckpt_step_5.pt", "ckpt_step_10.pt.tmp", "global_step5/x_states.pt")
     build(tmp_path, dict.fromkeys(files, 10))
-    tree_reader = reader(tmp_path)
+    tree_reader = daemon_reader(tmp_path)
     tree_reader.read()
     root_mtime = os.stat(tmp_path).st_mtime_ns
     for name in files:

@@ -42,6 +42,20 @@ def touch(path: Path, mtime: float) -> None:
     os.utime(path, (mtime, mtime), follow_symlinks=False)
 
 
+def daemon_reader(root: Path) -> TreeReader:
+    """A TreeReader with the markers the daemon gives every tier (daemon/scanner.py)."""
+    from checkpoint_exporter.sources import layouts
+
+    return TreeReader(
+        root,
+        OpsBudget(),
+        layouts.ALL_CONTENT_FILES,
+        marker_names=layouts.MARKER_NAMES,
+        marker_suffixes=layouts.MARKER_SUFFIXES,
+        root_marker=layouts.ROOT_MARKER,
+    )
+
+
 def scan(
     root: Path, layout: str | None = None, verify_checksums: bool = False
 ) -> tuple[str, dict[str, Found]]:
