@@ -52,7 +52,7 @@ class BigRenderer:
         self.body = b"x" * BODY
 
     def snapshot(self) -> Snapshot:
-        return Snapshot(0.0)
+        return Snapshot()
 
     def render_parts(self, encoder: object) -> tuple[bytes, bytes]:
         return (b"y" * BODY if self.distinct else self.body), b""

@@ -48,7 +48,7 @@ def test_the_counter_is_exported_beside_the_histogram() -> None:
     tracker.observe(DURABLE, [], T)
     tracker.observe(DURABLE, [found("a", WRITING, T + 1)], T + 2)
     tracker.observe(DURABLE, [found("a", COMMITTED, T + 1, T + 11)], T + 12)
-    snapshot = Snapshot(taken_at=T + 12, jobs=(tracker.state(),))
+    snapshot = Snapshot(jobs=(tracker.state(),))
     text = Renderer(lambda: snapshot, [CheckpointsCollector()]).render(generate_latest).decode()
     assert "# TYPE checkpoint_saves_within_deadline_total counter" in text
     assert sample(text, "checkpoint_saves_within_deadline_total", training_job="j") == 1

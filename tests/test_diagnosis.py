@@ -228,7 +228,7 @@ def job(thresholds: DiagnosisThresholds = D) -> JobTracker:
 
 
 def render(state: JobState) -> str:
-    snapshot = Snapshot(T, (state,), DaemonState(ready=True))
+    snapshot = Snapshot((state,), DaemonState(ready=True))
     return Renderer(lambda: snapshot, enabled_collectors({})).render(generate_latest).decode()
 
 

@@ -74,7 +74,6 @@ def test_bars_deadline_and_failures() -> None:
 
 def test_page_escapes_names_and_shows_capacity() -> None:
     snapshot = Snapshot(
-        T,
         (job(),),
         filesystems=(FilesystemState("/ckpt", "filer:/x", "nfs4", 10**13, 10**12, 0.2),),
     )
@@ -110,7 +109,7 @@ def test_the_page_renders_whatever_the_numbers(value: float) -> None:
     """inf, NaN, 1e308 (whose differences overflow), negatives: drawn or shown as "?", never
     an exception (which used to be an empty reply for every job)."""
     filesystem = FilesystemState("/ckpt", "dev", "xfs", value, value, value)  # type: ignore[arg-type]
-    page = render(Snapshot(T, (hostile_job(value), job()), filesystems=(filesystem,)), "/metrics")
+    page = render(Snapshot((hostile_job(value), job()), filesystems=(filesystem,)), "/metrics")
     assert page.count('<svg xmlns="http://www.w3.org/2000/svg" class="timeline"') == 2
     assert "cannot be drawn" not in page  # the per-job fallback was not needed
     assert page.rstrip().endswith("</html>")
@@ -119,7 +118,7 @@ def test_the_page_renders_whatever_the_numbers(value: float) -> None:
 @settings(max_examples=150, derandomize=True, deadline=None)
 @given(st.floats(allow_nan=True, allow_infinity=True) | st.integers(-(10**40), 10**40))
 def test_any_number_anywhere_renders(value: float) -> None:
-    page = render(Snapshot(T, (hostile_job(value),)), "/metrics")
+    page = render(Snapshot((hostile_job(value),)), "/metrics")
     assert "cannot be drawn" not in page and "</svg>" in page
 
 
@@ -130,7 +129,7 @@ def test_one_undrawable_job_does_not_take_the_page(monkeypatch: pytest.MonkeyPat
         raise OverflowError("cannot convert float infinity to integer")
 
     monkeypatch.setattr(landing, "timeline_svg", broken)
-    page = render(Snapshot(T, (job(name="a"), job(name="b"))), "/metrics")
+    page = render(Snapshot((job(name="a"), job(name="b"))), "/metrics")
     assert page.count("cannot be drawn") == 2 and page.rstrip().endswith("</html>")
 
 
@@ -142,11 +141,11 @@ def test_the_page_says_when_the_first_pass_is_not_finished() -> None:
         ("a", "staging", False, 3),
         ("b", "durable", False, 0),
     )
-    starting = Snapshot(T, (job(),), DaemonState(ready=False, first_scans=first_scans))
+    starting = Snapshot((job(),), DaemonState(ready=False, first_scans=first_scans))
     page = render(starting, "/metrics")
     assert "starting: first pass not finished (1 of 3 tiers)" in page
     assert 'href="/runbooks"' in page and 'href="/readyz"' in page
-    ready = Snapshot(T, (job(),), DaemonState(ready=True, first_scans=first_scans))
+    ready = Snapshot((job(),), DaemonState(ready=True, first_scans=first_scans))
     assert "starting:" not in render(ready, "/metrics")
 
 
@@ -346,7 +345,7 @@ def test_the_summary_notes_what_is_not_a_fault() -> None:
 
 
 def test_the_page_opens_with_a_summary_per_job() -> None:
-    page = render(Snapshot(T, (healthy_job(name="a&b"), job(name="<c>"))), "/metrics")
+    page = render(Snapshot((healthy_job(name="a&b"), job(name="<c>"))), "/metrics")
     summary = page[page.index('<ul class="summary">') : page.index("</ul>")]
     assert summary.count("<li") == 2
     assert '<li class="healthy"><a href="#job-a%26b">a&amp;b</a>' in summary
@@ -368,7 +367,7 @@ def test_a_job_whose_durable_tier_is_read_elsewhere_is_not_judged_on_it() -> Non
     assert judged.notes[0] == "newest checkpoint judged by the processes that read /shared/j"
     assert "last save ok (6s)" in judged.notes
     assert "NOT healthy" not in summary_line(healthy_job(paths=shared, generations=()), now)
-    page = render(Snapshot(now, (healthy_job(paths=shared, generations=()),)), "/metrics")
+    page = render(Snapshot((healthy_job(paths=shared, generations=()),)), "/metrics")
     assert "judged where the durable tier is read" in page and "none yet" not in page
     # What this process does see still counts: a late save is still a problem.
     late = healthy_job(paths=shared, generations=(), recent_saves=job().recent_saves[:2])

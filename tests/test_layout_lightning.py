@@ -112,15 +112,14 @@ def test_every_ckpt_file_settles_and_full_last_is_its_own_generation(tmp_path: P
     # A full last.ckpt is a save of its own: counted as a generation AND by its bytes, even
     # with the same step as epoch=0-step=9.ckpt.
     last = found["last.ckpt"]
-    assert not last.alias and (last.bytes, last.files) == (206637, 1)
-    assert sum(gen.bytes for gen in found.values() if not gen.alias) == sum(TOP_K_AND_LAST.values())
+    assert (last.bytes, last.files) == (206637, 1)
+    assert sum(gen.bytes for gen in found.values()) == sum(TOP_K_AND_LAST.values())
 
 
 def test_a_link_last_is_no_generation(tmp_path: Path) -> None:
     build(tmp_path, LINK, BASE)
     _, found = scan(tmp_path)
     assert set(found) == {"epoch=0-step=6.ckpt", "epoch=0-step=9.ckpt"}
-    assert not any(gen.alias for gen in found.values())
 
 
 def test_top_k_that_keeps_nothing_new_leaves_only_last_changing(tmp_path: Path) -> None:

@@ -141,3 +141,21 @@ def test_many_root_markers_cost_one_index_per_read_not_a_search_each(
     assert tree is not None and stats.statted == 400
     assert tree.file("ckpt_step_399.pt")[0] == 9
     assert searches < 16
+
+
+def test_the_directory_a_check_names_is_found_in_the_tiers_listing(tmp_path: Path) -> None:
+    """The validator takes a check's sizes from the tier's listing: the directory the check's
+    path names, or the one holding the file it names; nothing for what was not listed."""
+    (tmp_path / "step-1" / "sub").mkdir(parents=True)
+    (tmp_path / "step-1" / "index.json").write_text("{}")
+    (tmp_path / "step-1" / "sub" / "shard").write_bytes(b"x" * 5)
+    tree, _ = TreeReader(tmp_path, OpsBudget()).read()
+    assert tree is not None
+    generation = tree.subdirs["step-1"]
+    assert tree.directory_of(".") is tree and tree.directory_of("") is tree
+    assert tree.directory_of("step-1") is generation
+    assert tree.directory_of("step-1/index.json") is generation
+    assert tree.directory_of("step-1/sub").file("shard") == (5, pytest.approx(time.time(), abs=60))
+    assert tree.directory_of("step-1/absent.json") is None
+    assert tree.directory_of("step-1/index.json/deeper") is None
+    assert tree.directory_of("step-2") is None

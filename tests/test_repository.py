@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import REPO
 
 
@@ -82,8 +84,22 @@ def test_the_layers_hold() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_a_reverse_import_breaks_the_contract(tmp_path: Path) -> None:
-    """The contract bites: a source that reaches up into the daemon fails the build."""
+# (module, the import appended to it, the contract it breaks): DESIGN.md's rules, one each.
+FORBIDDEN_IMPORTS = [
+    ("sources/listing.py", "from checkpoint_exporter.daemon import scanner", "Layers"),
+    ("core/drain.py", "from checkpoint_exporter.sources import spool", "The core reasons"),
+    ("core/drain.py", "import subprocess", "The core reasons"),
+    ("exposition/landing.py", "from checkpoint_exporter.core import tracker", "The exposition"),
+    ("model.py", "from checkpoint_exporter.config import Config", "The vocabulary stands"),
+    ("plan/measured.py", "from checkpoint_exporter.sources import validate", "Only the daemon"),
+]
+
+
+@pytest.mark.parametrize(("module", "statement", "contract"), FORBIDDEN_IMPORTS)
+def test_a_forbidden_import_breaks_its_contract(
+    tmp_path: Path, module: str, statement: str, contract: str
+) -> None:
+    """Each contract bites: one import DESIGN.md forbids fails the build, naming the contract."""
     shutil.copy(REPO / "pyproject.toml", tmp_path)
     package = tmp_path / "exporter" / "checkpoint_exporter"
     shutil.copytree(
@@ -91,8 +107,9 @@ def test_a_reverse_import_breaks_the_contract(tmp_path: Path) -> None:
         package,
         ignore=shutil.ignore_patterns("__pycache__"),
     )
-    listing = package / "sources" / "listing.py"
-    listing.write_text(listing.read_text() + "\nfrom checkpoint_exporter.daemon import scanner\n")
+    path = package / module
+    path.write_text(path.read_text() + f"\n{statement}  # noqa\n")
     result = _lint_imports(tmp_path)
     assert result.returncode != 0
-    assert "checkpoint_exporter.sources.listing -> checkpoint_exporter.daemon" in result.stdout
+    broken = result.stdout.split("Broken contracts", 1)[-1]
+    assert contract in broken, result.stdout

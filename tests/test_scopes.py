@@ -105,7 +105,7 @@ def _job(durable_scanned: bool, staging_scanned: bool = True) -> JobState:
 
 
 def _render(job: JobState, daemon: DaemonState | None = None) -> str:
-    snapshot = Snapshot(1000.0, (job,), daemon or DaemonState(ready=True))
+    snapshot = Snapshot((job,), daemon or DaemonState(ready=True))
     return Renderer(lambda: snapshot, enabled_collectors({})).render(generate_latest).decode()
 
 

@@ -303,9 +303,7 @@ def serve_in_process():
     servers: list[MetricsServer] = []
 
     def start(**checks) -> str:
-        server = MetricsServer(
-            WebConfig("127.0.0.1:0"), Renderer(lambda: Snapshot(0.0), []), **checks
-        )
+        server = MetricsServer(WebConfig("127.0.0.1:0"), Renderer(lambda: Snapshot(), []), **checks)
         server.start()
         servers.append(server)
         return f"http://127.0.0.1:{server.address.port}"

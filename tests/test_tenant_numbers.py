@@ -138,11 +138,11 @@ def test_dcp_offsets_and_lengths_must_fit_a_file(tmp_path: Path) -> None:
     dcp_generation(generation)
     (generation / ".metadata").write_bytes(metadata_naming(("__0_0.distcp", 2**20000)))
     listing, _ = TreeReader(generation, OpsBudget()).read()
-    check = [Check(DCP, ".", listing)]
+    check = [Check(DCP, ".")]
     parser = dcp_metadata.IsolatedParser()
     try:
         for limits in (Limits(), Limits(metadata_parser=parser)):
-            verdict = validate(str(generation), check, limits)
+            verdict = validate(str(generation), check, limits, listing)
             assert (verdict.valid, verdict.reason) == (False, BAD_METADATA), verdict
             assert "out of range" in verdict.detail and len(verdict.detail) < 200, verdict
     finally:

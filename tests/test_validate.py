@@ -20,7 +20,7 @@ from checkpoint_exporter.sources.layouts.base import (
     ZIP,
     Check,
 )
-from checkpoint_exporter.sources.listing import OpsBudget, TreeReader
+from checkpoint_exporter.sources.listing import Dir, OpsBudget, TreeReader
 from checkpoint_exporter.sources.validate import Limits, validate
 
 pytestmark = [pytest.mark.torch]
@@ -48,25 +48,30 @@ def copy(src: Path, dst: Path) -> Path:
     return dst
 
 
-def dcp_check(root: Path) -> Check:
+DCP_ROOT = Check(DCP, ".")  # the tier root is the DCP checkpoint
+
+
+def listed(root: Path) -> Dir:
+    """The tier's listing, as the daemon hands it to the validator with the checks."""
     listing, _ = TreeReader(root, OpsBudget()).read()
-    return Check(DCP, ".", listing)
+    assert listing is not None
+    return listing
 
 
 def test_real_dcp_save_is_valid(saved: Path) -> None:
-    assert validate(str(saved / "dcp"), [dcp_check(saved / "dcp")]).valid
+    assert validate(str(saved / "dcp"), [DCP_ROOT], tree=listed(saved / "dcp")).valid
 
 
 def test_truncated_and_deleted_shards(saved: Path, tmp_path: Path) -> None:
     truncated = copy(saved / "dcp", tmp_path / "truncated")
     shard = truncated / "__0_0.distcp"
     os.truncate(shard, shard.stat().st_size - 100)
-    verdict = validate(str(truncated), [dcp_check(truncated)])
+    verdict = validate(str(truncated), [DCP_ROOT], tree=listed(truncated))
     assert (verdict.valid, verdict.reason) == (False, "truncated_shard")
     assert "__0_0.distcp" in verdict.detail
     deleted = copy(saved / "dcp", tmp_path / "deleted")
     (deleted / "__0_0.distcp").unlink()
-    verdict = validate(str(deleted), [dcp_check(deleted)])
+    verdict = validate(str(deleted), [DCP_ROOT], tree=listed(deleted))
     assert (verdict.valid, verdict.reason) == (False, "missing_shard")
 
 
@@ -77,15 +82,15 @@ def test_stale_listing_is_confirmed_before_calling_a_shard_truncated(
     shard = growing / "__0_0.distcp"
     full = shard.read_bytes()
     shard.write_bytes(full[:10])
-    check = dcp_check(growing)  # listed while the shard was short
+    listing = listed(growing)  # listed while the shard was short
     shard.write_bytes(full)
-    assert validate(str(growing), [check]).valid
+    assert validate(str(growing), [DCP_ROOT], tree=listing).valid
 
 
 def test_corrupt_metadata_is_bad_metadata(saved: Path, tmp_path: Path) -> None:
     broken = copy(saved / "dcp", tmp_path / "broken")
     (broken / ".metadata").write_bytes(b"\x80\x04garbage")
-    verdict = validate(str(broken), [dcp_check(broken)])
+    verdict = validate(str(broken), [DCP_ROOT], tree=listed(broken))
     assert (verdict.valid, verdict.reason) == (False, "bad_metadata")
 
 

@@ -486,7 +486,7 @@ def test_too_many_waiting_checks_get_429(monkeypatch) -> None:
     security = _security(prometheus=_hash(PASSWORD))
     monkeypatch.setattr(webconfig, "MAX_WAITING_CHECKS", 0)
     web = WebConfig(listen_address="127.0.0.1:0")
-    server = MetricsServer(web, Renderer(lambda: Snapshot(0.0), []), security=security)
+    server = MetricsServer(web, Renderer(lambda: Snapshot(), []), security=security)
     server.start()
     try:
         base = f"http://127.0.0.1:{server.address.port}"
@@ -510,7 +510,7 @@ def test_probes_need_no_credentials_and_the_runbooks_do() -> None:
     web = WebConfig(listen_address="127.0.0.1:0")
     server = MetricsServer(
         web,
-        Renderer(lambda: Snapshot(0.0), []),
+        Renderer(lambda: Snapshot(), []),
         security,
         liveness=lambda: None,
         readiness=lambda: "first pass not finished (1 of 3 tiers)",

@@ -75,7 +75,75 @@ class Generation:
     files: int
     valid: bool | None = None  # None until structurally checked
     invalid_reason: str | None = None
-    alias: bool = False  # another name for a generation listed separately
+
+
+# What a layout finds in one listing, and what the validator says of it. The layouts
+# (sources/layouts/) make them, the core reasons over them, the validator (sources/validate.py)
+# judges them: plain values, holding nothing of the listing they came from.
+
+# Check kinds: each names a path below the tier root.
+DCP = "dcp"  # .metadata against the shards it names
+ZIP = "zip"  # torch.save zip: end-of-central-directory record present
+SAFETENSORS = "safetensors"  # header parses and its data fits in the file
+SAFETENSORS_INDEX = "safetensors_index"  # every shard the index names exists
+INTEGRITY = "integrity"  # Megatron integrity.json sha256, when the job opts in
+# The zip check, and the ``global_step`` read inside the zip (returned as Verdict.step): for a
+# file whose name has no step (Lightning's last.ckpt).
+ZIP_STEP = "zip_step"
+
+
+@dataclass(frozen=True)
+class Check:
+    """One structural check of a generation: ``kind`` on ``path`` (below the tier root). The
+    validator reads the sizes it needs from the tier's latest listing, which the daemon holds."""
+
+    kind: str
+    path: str
+
+
+@dataclass(frozen=True, eq=False)
+class Found:
+    """One generation as a layout sees it in one listing."""
+
+    id: str  # path of the generation below the tier root
+    step: int | None
+    state: str  # writing | committed | aborted
+    start_time: float  # earliest mtime seen (or the writer's own record)
+    last_write_time: float
+    commit_time: float | None
+    bytes: int
+    files: int
+    checks: tuple[Check, ...] = ()
+    reason: str | None = None  # why aborted, or why structurally invalid (e.g. bad_metadata)
+    invalid: bool = False  # the layout itself found it structurally broken
+    # No commit marker in the writer's protocol (a single-file checkpoint, DeepSpeed without
+    # `latest`): the layout says WRITING, and the tracker judges the generation once it stayed
+    # unchanged for the job's settle period: committed when its checks pass (or it has none),
+    # aborted when they fail (a copy or a write cut short).
+    settles: bool = False
+
+
+# Why a generation is structurally invalid (checkpoint_last_committed_invalid_reason's values).
+MISSING_SHARD = "missing_shard"
+TRUNCATED_SHARD = "truncated_shard"  # shorter than its own metadata or header says
+BAD_ZIP = "bad_zip"  # a torch.save zip without its end record: cut short or not a zip
+BAD_METADATA = "bad_metadata"
+CHECKSUM = "checksum"
+REASONS = (MISSING_SHARD, TRUNCATED_SHARD, BAD_ZIP, BAD_METADATA, CHECKSUM)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    valid: bool
+    reason: str | None = None  # one of REASONS when invalid
+    detail: str = ""
+    step: int | None = None  # a step read inside the generation, where its name has none
+    # No verdict: the checks could not run for a reason that is not the checkpoint's (I/O
+    # trouble, the metadata parser unavailable or over its memory). Asked again later.
+    unchecked: bool = False
+
+
+VALID = Verdict(True)
 
 
 @dataclass(frozen=True)
@@ -187,11 +255,7 @@ class JobState:
 
 def newest_committed(job: JobState) -> Generation | None:
     """The generation a restore would pick: the newest committed one on the durable tier."""
-    committed = [
-        gen
-        for gen in job.generations
-        if gen.tier == DURABLE and gen.state == COMMITTED and not gen.alias
-    ]
+    committed = [gen for gen in job.generations if gen.tier == DURABLE and gen.state == COMMITTED]
     return max(committed, key=restore_preference, default=None)
 
 
@@ -274,7 +338,6 @@ class FilesystemState:
 class Snapshot:
     """Everything a scrape renders. Built off the scrape path; read without locks or I/O."""
 
-    taken_at: float
     jobs: tuple[JobState, ...] = ()
     daemon: DaemonState = field(default_factory=DaemonState)
     filesystems: tuple[FilesystemState, ...] = ()

@@ -85,7 +85,7 @@ from checkpoint_exporter.sources.layouts.base import (
     Found,
     Options,
 )
-from checkpoint_exporter.sources.listing import OpsBudget, TreeReader
+from checkpoint_exporter.sources.listing import Dir, OpsBudget, TreeReader
 from checkpoint_exporter.sources.untrusted import json_value
 from checkpoint_exporter.sources.validate import Limits, validate
 
@@ -119,6 +119,7 @@ class Target:
     root: Path  # the durable tier root
     layout: str
     generation: Found
+    tree: Dir | None = None  # the listing the generation was found in: sizes for its checks
 
 
 def find_job(config: Config, name: str) -> tuple[Path, Policy]:
@@ -161,11 +162,11 @@ def pick(config: Config, job: str, generation: str | None) -> Target:
             raise DrillFailed(f"{root}: no generation {generation!r}")
         if generation not in restorable:
             raise DrillFailed(f"generation {generation!r} is {match[0].state}, not committed")
-        return Target(job, root, layout, restorable[generation])
-    committed = [f for f in restorable.values() if not f.alias]
+        return Target(job, root, layout, restorable[generation], tree)
+    committed = list(restorable.values())
     if not committed:
         raise DrillFailed(f"{root}: no committed generation to restore")
-    return Target(job, root, layout, max(committed, key=restore_preference))
+    return Target(job, root, layout, max(committed, key=restore_preference), tree)
 
 
 def _introduce(target: Target, say: Callable[[str], None]) -> None:
@@ -180,7 +181,7 @@ def _structural(target: Target, say: Callable[[str], None]) -> None:
     found = target.generation
     if found.invalid:
         raise DrillFailed(f"structural check failed: {found.reason}: found by the layout")
-    verdict = validate(str(target.root), found.checks, Limits())
+    verdict = validate(str(target.root), found.checks, Limits(), target.tree)
     if not verdict.valid:
         raise DrillFailed(f"structural check failed: {verdict.reason}: {verdict.detail}")
     say(f"  structural check passed ({len(found.checks)} checks)")

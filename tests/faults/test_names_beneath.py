@@ -31,7 +31,7 @@ from checkpoint_exporter.sources.layouts.base import (
     Check,
     Found,
 )
-from checkpoint_exporter.sources.listing import OpsBudget, TreeReader
+from checkpoint_exporter.sources.listing import Dir, OpsBudget, TreeReader
 from checkpoint_exporter.sources.validate import MISSING_SHARD, Limits, Verdict, validate
 from tests.conftest import as_nobody, as_user_env
 from tests.faults.hungfs import hung_mount
@@ -83,13 +83,17 @@ def plant(generation: Path, kind: str, name: str) -> None:
         (generation / "integrity.json").write_text(json.dumps({"files": files}))
 
 
-def checks(root: Path, kind: str) -> list[Check]:
-    listing, _ = TreeReader(root / "gen", OpsBudget()).read()
+def checks(kind: str) -> list[Check]:
     if kind == "dcp":
-        return [Check(DCP, "gen", listing)]
+        return [Check(DCP, "gen")]
     if kind == "index":
-        return [Check(SAFETENSORS_INDEX, "gen/model.safetensors.index.json", listing)]
-    return [Check(INTEGRITY, "gen", listing)]
+        return [Check(SAFETENSORS_INDEX, "gen/model.safetensors.index.json")]
+    return [Check(INTEGRITY, "gen")]
+
+
+def listed(root: Path) -> Dir | None:
+    """The tier's listing, as the daemon hands it to the validator with the checks."""
+    return TreeReader(root, OpsBudget()).read()[0]
 
 
 def outside(base: Path, target: str) -> Path:
@@ -123,7 +127,7 @@ def tree(base: Path, kind: str, name: str, target: str) -> Path:
 
 
 def judged(root: Path, kind: str) -> Verdict:
-    return validate(str(root), checks(root, kind), Limits(checksum_bytes_per_second=0))
+    return validate(str(root), checks(kind), Limits(checksum_bytes_per_second=0), listed(root))
 
 
 def assert_not_followed(verdict: Verdict) -> None:
@@ -246,11 +250,11 @@ def test_a_link_into_a_hung_mount_does_not_stall_validation(tmp_path: Path, kind
     plant(root / "gen", kind, "lnk/secret.key")
     with hung_mount(tmp_path / "hung") as hung:
         (root / "gen" / "lnk").symlink_to(hung)
-        listed = checks(root, kind)
+        listing = listed(root)
         verdicts: list[Verdict] = []
         worker = threading.Thread(
             target=lambda: verdicts.append(
-                validate(str(root), listed, Limits(checksum_bytes_per_second=0))
+                validate(str(root), checks(kind), Limits(checksum_bytes_per_second=0), listing)
             ),
             daemon=True,
         )
@@ -268,10 +272,10 @@ from checkpoint_exporter.sources.layouts.base import DCP, INTEGRITY, SAFETENSORS
 from checkpoint_exporter.sources.listing import OpsBudget, TreeReader
 from checkpoint_exporter.sources.validate import Limits, validate
 root, kind = sys.argv[1], sys.argv[2]
-listing, _ = TreeReader(root + "/gen", OpsBudget()).read()
-check = {"dcp": Check(DCP, "gen", listing), "integrity": Check(INTEGRITY, "gen", listing),
-         "index": Check(SAFETENSORS_INDEX, "gen/model.safetensors.index.json", listing)}[kind]
-verdict = validate(root, [check], Limits(checksum_bytes_per_second=0))
+listing, _ = TreeReader(root, OpsBudget()).read()
+check = {"dcp": Check(DCP, "gen"), "integrity": Check(INTEGRITY, "gen"),
+         "index": Check(SAFETENSORS_INDEX, "gen/model.safetensors.index.json")}[kind]
+verdict = validate(root, [check], Limits(checksum_bytes_per_second=0), listing)
 print(json.dumps([verdict.valid, verdict.reason, verdict.detail]))
 """
 

@@ -116,7 +116,7 @@ def guarded() -> Iterator[tuple[MetricsServer, Clock]]:
     clock = Clock()
     server = MetricsServer(
         WebConfig(listen_address="127.0.0.1:0"),
-        Renderer(lambda: Snapshot(0.0), []),
+        Renderer(lambda: Snapshot(), []),
         _security(clock),
     )
     server.start()

@@ -27,7 +27,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from checkpoint_exporter.sources.spool import FUTURE_SLACK, MAX_EVENT_AGE, Event
+from checkpoint_exporter.events import FUTURE_SLACK, MAX_EVENT_AGE, Event
 
 SaveKey = tuple[str, object]  # ("step", 1200) or ("path", "/ckpt/job/step-1200")
 SETTLE_SECONDS = 0.5

@@ -24,7 +24,7 @@ class DrainState:
 
 def drain_state(staging: Iterable[Generation], durable: Iterable[Generation]) -> DrainState:
     copies = {g.id: g for g in durable if g.state == COMMITTED}
-    staged = {g.id: g for g in staging if g.state == COMMITTED and not g.alias}
+    staged = {g.id: g for g in staging if g.state == COMMITTED}
     drained = {
         gen_id: copies[gen_id].bytes
         for gen_id, gen in staged.items()

@@ -30,7 +30,7 @@ from checkpoint_exporter.core.clocks import (
 )
 from checkpoint_exporter.core.diagnosis import PastSave, SaveFacts, diagnose, overlaps, stall
 from checkpoint_exporter.core.drain import DrainState, drain_state
-from checkpoint_exporter.instrument import LIFE_EVENTS, SAVE_EVENTS
+from checkpoint_exporter.events import LIFE_EVENTS, SAVE_EVENTS, Event
 from checkpoint_exporter.model import (
     ABORTED,
     COMMITTED,
@@ -42,19 +42,18 @@ from checkpoint_exporter.model import (
     WRITING,
     DaemonState,
     FilesystemState,
+    Found,
     Generation,
     HistogramState,
     JobState,
     RestoreRecord,
     SaveRecord,
     Snapshot,
+    Verdict,
     WatchedPath,
     WindowTelemetry,
     newest_committed,
 )
-from checkpoint_exporter.sources.layouts.base import Found
-from checkpoint_exporter.sources.spool import Event
-from checkpoint_exporter.sources.validate import Verdict
 
 log = logging.getLogger(__name__)
 
@@ -182,7 +181,6 @@ class _Gen:
             files=found.files,
             valid=self.valid,
             invalid_reason=self.invalid_reason,
-            alias=found.alias,
         )
 
 
@@ -793,7 +791,7 @@ class JobTracker:
             if span is not None:
                 spans.append(span)
         for gen in self._gens.values():
-            if gen.state == WRITING and not gen.found.alias and not gen.history:
+            if gen.state == WRITING and not gen.history:
                 spans.append((self.local_time(gen.start_time), math.inf))
         return spans
 
@@ -846,7 +844,7 @@ class JobTracker:
         shared) sees every retained staged generation and none of their durable copies."""
         ids = set()
         for gen in self._gens.values():
-            if gen.found.alias or (key is not None and self._save_key(gen) == key):
+            if key is not None and self._save_key(gen) == key:
                 continue
             if gen.state == WRITING and not gen.history:
                 ids.add(gen.found.id)
@@ -1403,7 +1401,7 @@ class Tracker:
         for job in config.jobs:
             if config.serving.tracks(job.name):  # a shared-scope process: its shard's jobs only
                 self.add(JobTracker(job.name, job_paths(job), job.policy))
-        self.snapshot = Snapshot(taken_at=time.time(), daemon=DaemonState())
+        self.snapshot = Snapshot(daemon=DaemonState())
         self._published: dict[str, JobState] = {}  # in the order of ``jobs``
 
     def add(self, job: JobTracker) -> None:
@@ -1463,5 +1461,5 @@ class Tracker:
             current.telemetry,
         ):
             jobs = tuple(self._published.values()) if moved else current.jobs
-            self.snapshot = Snapshot(time.time(), jobs, daemon, filesystems, telemetry)
+            self.snapshot = Snapshot(jobs, daemon, filesystems, telemetry)
         return self.snapshot

@@ -59,13 +59,14 @@ from checkpoint_exporter.core.tracker import (
 from checkpoint_exporter.daemon.timers import TimerQueue
 from checkpoint_exporter.daemon.validator import RETRY_UNCHECKED_SECONDS, Validator
 from checkpoint_exporter.daemon.workers import MountWorker
-from checkpoint_exporter.model import DURABLE, DaemonState, WatchedPath
+from checkpoint_exporter.events import Event
+from checkpoint_exporter.model import DURABLE, DaemonState, Verdict, WatchedPath
 from checkpoint_exporter.sources import dcp_metadata, fsread, layouts
 from checkpoint_exporter.sources.layouts.base import Options
 from checkpoint_exporter.sources.listing import OpsBudget, TreeReader
-from checkpoint_exporter.sources.spool import HOLD, Event, SpoolReader
+from checkpoint_exporter.sources.spool import HOLD, SpoolReader
 from checkpoint_exporter.sources.telemetry.node import NodeTelemetry
-from checkpoint_exporter.sources.validate import Limits, Verdict
+from checkpoint_exporter.sources.validate import Limits
 from checkpoint_exporter.sources.watch import (
     INOTIFY,
     POLL,
@@ -934,7 +935,7 @@ class Scanner:
         validator = self._validators[tier.worker]
         for request in observed.requests:
             job.submitted(request)
-            validator.submit(request, tier.path, tier.reader.follow_root_symlink)
+            validator.submit(request, tier.path, tier.reader.follow_root_symlink, tier.reader.tree)
         self._changed_jobs.add(name)
         self._schedule_job(name, now, wall)
         if not tier.pending:

@@ -23,9 +23,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from checkpoint_exporter.core.tracker import ValidationRequest
+from checkpoint_exporter.model import Check, Verdict
 from checkpoint_exporter.sources import fsread
-from checkpoint_exporter.sources.layouts.base import Check
-from checkpoint_exporter.sources.validate import Limits, Verdict, validate
+from checkpoint_exporter.sources.listing import Dir
+from checkpoint_exporter.sources.validate import Limits, validate
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +37,8 @@ RETRY_UNCHECKED_SECONDS = 30.0
 # turns.
 MIN_CHARGE_SECONDS = 0.001
 
-_Item = tuple[ValidationRequest, str, bool]  # a request, its tier root, may the root be a link
+# A request, its tier root, may the root be a link, and the tier's listing the request came from.
+_Item = tuple[ValidationRequest, str, bool, "Dir | None"]
 
 
 class _JobQueue:
@@ -64,7 +66,7 @@ class _JobQueue:
                 self._charged[job] = max(self._charged.get(job, 0.0), self._now)
             waiting = self._waiting[job]
             key = (item[0].tier, item[0].generation)
-            for index, (queued, _, _) in enumerate(waiting):
+            for index, (queued, *_) in enumerate(waiting):
                 if (queued.tier, queued.generation) == key:
                     waiting[index] = item
                     return
@@ -144,18 +146,27 @@ class Validator:
             self.limits.metadata_parser.close()
         self._thread.join(timeout=timeout)
 
-    def submit(self, request: ValidationRequest, root: str, follow_root: bool = True) -> None:
-        """``follow_root``: whether ``root`` itself may be a symlink (a configured root)."""
-        self._requests.put(request.job, (request, root, follow_root))
+    def submit(
+        self,
+        request: ValidationRequest,
+        root: str,
+        follow_root: bool = True,
+        tree: Dir | None = None,
+    ) -> None:
+        """``follow_root``: whether ``root`` itself may be a symlink (a configured root);
+        ``tree``: the tier's latest listing, whose sizes the checks start from."""
+        self._requests.put(request.job, (request, root, follow_root, tree))
 
     def _run(self) -> None:
         while (item := self._requests.get()) is not None and not self._stopping.is_set():
-            request, root, follow_root = item
+            request, root, follow_root, tree = item
             target = os.path.join(root, request.generation)
             before = _identity(target)
             started = time.monotonic()
             try:
-                verdict = _validate_beneath(root, follow_root, request.found.checks, self.limits)
+                verdict = _validate_beneath(
+                    root, follow_root, request.found.checks, self.limits, tree
+                )
             except Exception as error:  # our bug, not the checkpoint's: no verdict, asked later
                 log.exception("validation of %s/%s failed", root, request.generation)
                 verdict = Verdict(False, None, f"not checked: {error!r}", unchecked=True)
@@ -195,7 +206,7 @@ class Validator:
 
 
 def _validate_beneath(
-    root: str, follow_root: bool, checks: Sequence[Check], limits: Limits
+    root: str, follow_root: bool, checks: Sequence[Check], limits: Limits, tree: Dir | None = None
 ) -> Verdict | None:
     """``validate``, with every check read through a descriptor of the directory holding it,
     reached from the tier root one component at a time without following symlinks: a directory
@@ -211,7 +222,9 @@ def _validate_beneath(
         directory, reached = opened
         try:
             base = f"/proc/self/fd/{directory}"
-            verdict = validate(base, [replace(check, path=_strip(check.path, reached))], limits)
+            listed = tree.directory_of(reached) if tree is not None else None
+            stripped = replace(check, path=_strip(check.path, reached))
+            verdict = validate(base, [stripped], limits, listed)
         finally:
             os.close(directory)
         if not verdict.valid:

@@ -175,6 +175,18 @@ class Dir:
     def dirs(self) -> Iterator[tuple[str, Dir]]:
         return iter(self.subdirs.items())
 
+    def directory_of(self, path: str) -> Dir | None:
+        """The listed directory ``path`` (relative) names, or the one holding the file it names;
+        None when it is not in this listing."""
+        here, parts = self, [part for part in path.split("/") if part not in ("", ".")]
+        for position, part in enumerate(parts):
+            child = here.subdirs.get(part)
+            if child is None:
+                last = position == len(parts) - 1
+                return here if last and here.kind(part) == FILE else None
+            here = child
+        return here
+
     def totals(self) -> Totals:
         """Bytes, file count and mtime range of every regular file below, computed once."""
         if self._totals is None:

@@ -66,8 +66,8 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from checkpoint_exporter.instrument import EVENTS, SCHEMA_VERSION
-from checkpoint_exporter.sources.untrusted import finite_number, json_value
+from checkpoint_exporter.events import FUTURE_SLACK, MAX_EVENT_AGE, Event, parse
+from checkpoint_exporter.sources.untrusted import json_value
 
 log = logging.getLogger(__name__)
 
@@ -93,11 +93,6 @@ UNKNOWN_PER_POLL = 64  # unknown directories listed per poll at most
 # about 120 polls (25 s) to go round, at the cost of its own job's events.
 POLL_ENTRIES = 8192
 MIN_SHARE_ENTRIES = 1024  # a listing advanced in a poll gets at least this many
-FUTURE_SLACK = 300.0  # an event dated further ahead of this node's clock is refused
-MAX_EVENT_AGE = 366 * 86400.0  # an event dated further back is refused
-# Steps, ranks and sizes become float samples: past 2**53 a float no longer holds every integer
-# (and 10**400 overflows it), so a larger one is a schema error, never a number exported.
-MAX_INT = 2**53
 # ``known_jobs`` may say, per job, whose its spool directories are: a set of uids, None (nothing
 # says: one owner alone is trusted), or HOLD (not known yet: neither read nor refused).
 Owners = frozenset[int] | None
@@ -109,22 +104,6 @@ _DIR_FLAGS = _ROOT_FLAGS | os.O_NOFOLLOW
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | _CLOEXEC
 # Gone since the listing, or swapped: ELOOP is what O_NOFOLLOW says of a symlink.
 _VANISHED = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP)
-
-
-@dataclass(frozen=True, slots=True)
-class Event:
-    ts: float
-    event: str
-    training_job: str
-    step: int | None
-    rank: int
-    world_size: int
-    host: str
-    path: str | None
-    bytes: int | None
-    error: str | None
-    history: bool = False  # already in the spool when the exporter started
-    drill: bool = False  # a restore drill's event, not the training job's own
 
 
 FileKey = tuple[int, int]  # (st_dev, st_ino)
@@ -805,7 +784,7 @@ class SpoolReader:
         except ValueError:
             self.invalid_total["not_json"] += 1
             return
-        event = _validate(record, directory.job, history)
+        event = parse(record, directory.job, history)
         if isinstance(event, str):
             self.invalid_total[event] += 1
             return
@@ -979,47 +958,3 @@ def _plain_name(name: object) -> bool:
         isinstance(name, str) and name not in ("", ".", "..") and "/" not in name
         and "\0" not in name
     )  # fmt: skip
-
-
-def _validate(record: object, job: str, history: bool = False) -> Event | str:
-    """An Event, or the reason the record is invalid."""
-    if not isinstance(record, dict) or record.get("v") != SCHEMA_VERSION:
-        return "schema"
-    if record.get("event") not in EVENTS:
-        return "unknown_event"
-    ts, rank, world = record.get("ts"), record.get("rank", 0), record.get("world_size", 1)
-    step, path = record.get("step"), record.get("path")
-    size, error = record.get("bytes"), record.get("error")
-    drill = record.get("drill", False)
-    timestamp = finite_number(ts)
-    checks = (
-        timestamp is not None,
-        record.get("training_job") == job,  # a job writes only into its own directory
-        _is_int(rank) and 0 <= rank <= MAX_INT and _is_int(world) and 1 <= world <= MAX_INT,
-        step is None or (_is_int(step) and 0 <= step <= MAX_INT),
-        path is None or isinstance(path, str),
-        size is None or (_is_int(size) and 0 <= size <= MAX_INT),
-        error is None or isinstance(error, str),
-        isinstance(drill, bool),
-    )
-    if not all(checks):
-        return "schema"
-    assert timestamp is not None  # checked above
-    return Event(
-        ts=timestamp,
-        event=record["event"],
-        training_job=job,
-        step=step,
-        rank=rank,
-        world_size=world,
-        host=str(record.get("host", ""))[:256],
-        path=path[:4096] if path else path,
-        bytes=size,
-        error=error[:1000] if error else None,
-        history=history,
-        drill=drill,
-    )
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)

@@ -12,8 +12,9 @@ in the exposition and failed the whole collector).
 from __future__ import annotations
 
 import json
-import math
 from typing import Any
+
+from checkpoint_exporter.events import finite_number  # noqa: F401 - one parser of JSON numbers
 
 # A step is exported as a float sample: up to 2**53 every integer is exact, so one step and the
 # next never export as the same value. Beyond it, the step is unknown.
@@ -44,18 +45,6 @@ def excerpt(text: str, limit: int = EXCERPT_CHARS) -> str:
     if not shown.isprintable():
         shown = repr(shown)[1:-1]
     return shown if len(text) <= limit else f"{shown}... ({len(text):,} characters)"
-
-
-def finite_number(value: object) -> float | None:
-    """A JSON number as a finite float; None for booleans, NaN, infinities, out-of-range ints
-    and anything that is not a number."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    try:
-        number = float(value)
-    except OverflowError:
-        return None
-    return number if math.isfinite(number) else None
 
 
 def decimal(text: str, digits: int = 18) -> int | None:

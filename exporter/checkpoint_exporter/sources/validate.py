@@ -17,44 +17,31 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import checkpoint_exporter.sources.layouts.dcp as dcp_layout
-from checkpoint_exporter.sources import ckpt_step, dcp_metadata, fsread
-from checkpoint_exporter.sources.layouts.base import (
+from checkpoint_exporter.model import (  # noqa: F401 - REASONS and the reasons re-exported
+    BAD_METADATA,
+    BAD_ZIP,
+    CHECKSUM,
     DCP,
     INTEGRITY,
+    MISSING_SHARD,
+    REASONS,
     SAFETENSORS,
     SAFETENSORS_INDEX,
+    TRUNCATED_SHARD,
+    VALID,
     ZIP,
     ZIP_STEP,
     Check,
+    Verdict,
 )
+from checkpoint_exporter.sources import ckpt_step, dcp_metadata, fsread
 from checkpoint_exporter.sources.listing import Dir
 from checkpoint_exporter.sources.untrusted import INT64_MAX, bounded_int, excerpt, json_value
-
-MISSING_SHARD = "missing_shard"
-TRUNCATED_SHARD = "truncated_shard"  # shorter than its own metadata or header says
-BAD_ZIP = "bad_zip"  # a torch.save zip without its end record: cut short or not a zip
-BAD_METADATA = "bad_metadata"
-CHECKSUM = "checksum"
-REASONS = (MISSING_SHARD, TRUNCATED_SHARD, BAD_ZIP, BAD_METADATA, CHECKSUM)
 
 _EOCD = b"PK\x05\x06"
 _ZIP64_LOCATOR = b"PK\x06\x07"
 _ZIP_TAIL = 22 + 65535  # the end record plus the longest comment
 _JSON_LIMIT = 64 * 1024 * 1024
-
-
-@dataclass(frozen=True)
-class Verdict:
-    valid: bool
-    reason: str | None = None  # one of REASONS when invalid
-    detail: str = ""
-    step: int | None = None  # a step read inside the generation, where its name has none
-    # No verdict: the checks could not run for a reason that is not the checkpoint's (I/O
-    # trouble, the metadata parser unavailable or over its memory). Asked again later.
-    unchecked: bool = False
-
-
-VALID = Verdict(True)
 
 
 @dataclass
@@ -97,8 +84,12 @@ def _failed(error: OSError | UnicodeError, label: str, reason: str) -> Exception
     return _Unchecked(f"{label}: {error.strerror or error}")
 
 
-def validate(root: str, checks: Sequence[Check], limits: Limits | None = None) -> Verdict:
-    """The first failing check's verdict, or VALID. ``root`` is the tier root directory."""
+def validate(
+    root: str, checks: Sequence[Check], limits: Limits | None = None, tree: Dir | None = None
+) -> Verdict:
+    """The first failing check's verdict, or VALID. ``root`` is the tier root directory;
+    ``tree``, its latest listing where the caller has one (sizes are then taken from it, and
+    looked at again only when they look too small)."""
     limits = limits or Limits()
     runners = {
         DCP: _dcp,
@@ -113,7 +104,8 @@ def validate(root: str, checks: Sequence[Check], limits: Limits | None = None) -
     try:
         for check in checks:
             try:
-                read = runners[check.kind](os.path.join(root, check.path), check, limits)
+                listing = tree.directory_of(check.path) if tree is not None else None
+                read = runners[check.kind](os.path.join(root, check.path), check, limits, listing)
             except PermissionError:
                 # The exporter's own user may not read it (writers such as safetensors create
                 # mode 0600 files): not the checkpoint's fault, so the check is skipped and said.
@@ -160,8 +152,8 @@ def _directory(path: str) -> Iterator[int]:
         os.close(fd)
 
 
-def _dcp(path: str, check: Check, limits: Limits) -> None:
-    names = dcp_layout.metadata_files(check.listing) if check.listing else [dcp_layout.METADATA]
+def _dcp(path: str, check: Check, limits: Limits, listing: Dir | None) -> None:
+    names = dcp_layout.metadata_files(listing) if listing is not None else [dcp_layout.METADATA]
     for name in names or [dcp_layout.METADATA]:
         try:
             metadata = dcp_metadata.read(
@@ -173,7 +165,7 @@ def _dcp(path: str, check: Check, limits: Limits) -> None:
             raise _Invalid(BAD_METADATA, f"{name}: {error}") from None
         except (OSError, UnicodeError) as error:
             raise _failed(error, name, BAD_METADATA) from None
-        listed = _listed_sizes(check.listing)
+        listed = _listed_sizes(listing)
         for relative, needed in sorted(metadata.shards.items()):
             size = _size(path, relative, listed)
             if size < needed:
@@ -186,11 +178,11 @@ def _dcp(path: str, check: Check, limits: Limits) -> None:
                 )
 
 
-def _zip(path: str, check: Check, limits: Limits) -> None:
+def _zip(path: str, check: Check, limits: Limits, listing: Dir | None) -> None:
     _whole_zip(path, check)
 
 
-def _zip_step(path: str, check: Check, limits: Limits) -> int | None:
+def _zip_step(path: str, check: Check, limits: Limits, listing: Dir | None) -> int | None:
     """The zip check, then the ``global_step`` inside (``ckpt_step``, never unpickled), both
     on one descriptor: a file renamed over meanwhile cannot lend its step to the checked one.
     The daemon's scan runs in the parser's worker, under its CPU budget: up to seconds of CPU
@@ -244,7 +236,7 @@ def _end_record(tail: bytes, size: int) -> tuple[int, int] | None:
     return None
 
 
-def _safetensors(path: str, check: Check, limits: Limits) -> None:
+def _safetensors(path: str, check: Check, limits: Limits, listing: Dir | None) -> None:
     try:
         fd = fsread.open_regular(path)
     except OSError as error:
@@ -291,19 +283,19 @@ def _outside(name: str) -> bool:
     return os.path.isabs(name) or ".." in name.split("/") or "\0" in name
 
 
-def _safetensors_index(path: str, check: Check, limits: Limits) -> None:
+def _safetensors_index(path: str, check: Check, limits: Limits, listing: Dir | None) -> None:
     index = _json(path, check.path)
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict):
         raise _Invalid(BAD_METADATA, f"{check.path} has no weight_map")
-    directory, listed = os.path.dirname(path), _listed_sizes(check.listing)
+    directory, listed = os.path.dirname(path), _listed_sizes(listing)
     for shard in sorted({str(name) for name in weight_map.values()}):
         if _outside(shard):
             raise _Invalid(BAD_METADATA, f"{check.path} names {shard!r}, outside the checkpoint")
         _size(directory, shard, listed)
 
 
-def _integrity(path: str, check: Check, limits: Limits) -> None:
+def _integrity(path: str, check: Check, limits: Limits, listing: Dir | None) -> None:
     manifest = _json(os.path.join(path, "integrity.json"), f"{check.path}/integrity.json")
     files = manifest.get("files") if isinstance(manifest, dict) else None
     if not isinstance(files, dict) or manifest.get("algorithm", "sha256") != "sha256":

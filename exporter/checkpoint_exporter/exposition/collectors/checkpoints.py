@@ -14,6 +14,7 @@ from checkpoint_exporter.exposition.collectors.base import (
 from checkpoint_exporter.model import (
     COMMITTED,
     DURABLE,
+    REASONS,
     WRITING,
     Generation,
     JobState,
@@ -21,7 +22,6 @@ from checkpoint_exporter.model import (
     newest_committed,
     scanned,
 )
-from checkpoint_exporter.sources.validate import REASONS
 
 _JOB = ("training_job",)
 LAST_COMMITTED_TIMESTAMP = MetricSpec(
@@ -252,7 +252,7 @@ class CheckpointsCollector(SnapshotCollector):
             out[LAST_SAVE_START].add_metric(name, max(gen.start_time for gen in durable))
         out[SAVES_COMMITTED].add_metric(name, job.saves_committed)
         out[SAVES_ABORTED].add_metric(name, job.saves_aborted)
-        retained = [gen for gen in durable if gen.state == COMMITTED and not gen.alias]
+        retained = [gen for gen in durable if gen.state == COMMITTED]
         out[RETAINED_GENERATIONS].add_metric(name, len(retained))
         out[RETAINED_BYTES].add_metric(
             name, sum(gen.bytes for gen in durable if gen.state == COMMITTED)

@@ -203,7 +203,7 @@ def _checks(listing: Dir, prefix: str) -> tuple[Check, ...]:
     for name, child in listing.dirs():
         path = join(prefix, name)
         if dcp.is_checkpoint(child):
-            found.append(Check(DCP, path, child))
+            found.append(Check(DCP, path))
         else:  # DeepSpeed's tag directory: torch.save zips
             found.extend(
                 Check(ZIP, join(path, relative))

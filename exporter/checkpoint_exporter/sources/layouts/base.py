@@ -10,49 +10,21 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from checkpoint_exporter.model import ABORTED, COMMITTED, WRITING  # noqa: F401 - re-exported
+from checkpoint_exporter.model import (  # noqa: F401 - re-exported for the layouts
+    ABORTED,
+    COMMITTED,
+    DCP,
+    INTEGRITY,
+    SAFETENSORS,
+    SAFETENSORS_INDEX,
+    WRITING,
+    ZIP,
+    ZIP_STEP,
+    Check,
+    Found,
+)
 from checkpoint_exporter.sources.listing import Dir
 from checkpoint_exporter.sources.untrusted import step_digits
-
-# Check kinds the validator knows (validate.py); each names a path below the tier root.
-DCP = "dcp"  # .metadata against the shards it names
-ZIP = "zip"  # torch.save zip: end-of-central-directory record present
-SAFETENSORS = "safetensors"  # header parses and its data fits in the file
-SAFETENSORS_INDEX = "safetensors_index"  # every shard the index names exists
-INTEGRITY = "integrity"  # Megatron integrity.json sha256, when the job opts in
-# The zip check, and the ``global_step`` read inside the zip (returned as Verdict.step): for a
-# file whose name has no step (Lightning's last.ckpt).
-ZIP_STEP = "zip_step"
-
-
-@dataclass(frozen=True, eq=False)
-class Check:
-    kind: str
-    path: str  # relative to the tier root
-    listing: Dir | None = None  # the directory holding what is checked, for sizes
-
-
-@dataclass(frozen=True, eq=False)
-class Found:
-    """One generation as a layout sees it in one listing."""
-
-    id: str  # path of the generation below the tier root
-    step: int | None
-    state: str  # writing | committed | aborted
-    start_time: float  # earliest mtime seen (or the writer's own record)
-    last_write_time: float
-    commit_time: float | None
-    bytes: int
-    files: int
-    checks: tuple[Check, ...] = ()
-    alias: bool = False  # another name for a listed generation: not counted or restored twice
-    reason: str | None = None  # why aborted, or why structurally invalid (e.g. bad_metadata)
-    invalid: bool = False  # the layout itself found it structurally broken
-    # No commit marker in the writer's protocol (a single-file checkpoint, DeepSpeed without
-    # `latest`): the layout says WRITING, and the tracker judges the generation once it stayed
-    # unchanged for the job's settle period: committed when its checks pass (or it has none),
-    # aborted when they fail (a copy or a write cut short).
-    settles: bool = False
 
 
 @dataclass(frozen=True)
@@ -114,11 +86,10 @@ def file_generation(
     mtime: float,
     step: int | None,
     checks: tuple[Check, ...] = (),
-    alias: bool = False,
 ) -> Found:
     """A generation that is one file. Its appearance proves nothing (a move across filesystems
     is a copy that grows in place), so it settles: judged once its size and mtime stay still."""
-    return Found(id, step, WRITING, mtime, mtime, None, size, 1, checks, alias, settles=True)
+    return Found(id, step, WRITING, mtime, mtime, None, size, 1, checks, settles=True)
 
 
 def settling_generation(id: str, listing: Dir, step: int | None, **extra: object) -> Found:

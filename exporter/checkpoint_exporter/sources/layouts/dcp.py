@@ -69,7 +69,7 @@ def checkpoint(id: str, listing: Dir, step: int | None) -> Found:
     committed_at = commit_time(listing)
     if committed_at is None:
         return generation(id, listing, step, WRITING)
-    return generation(id, listing, step, COMMITTED, committed_at, checks=(Check(DCP, id, listing),))
+    return generation(id, listing, step, COMMITTED, committed_at, checks=(Check(DCP, id),))
 
 
 def detect(root: Dir) -> int:

@@ -208,7 +208,7 @@ def _collect(listing: Dir, prefix: str, found: list[Check]) -> None:
         elif name.endswith(_TORCH_SAVE):
             found.append(Check(ZIP, path))
         elif _is_index(name) and name.removesuffix(".index.json") not in names:
-            found.append(Check(SAFETENSORS_INDEX, path, listing))
+            found.append(Check(SAFETENSORS_INDEX, path))
     for name, child in listing.dirs():
         _collect(child, join(prefix, name), found)
 

@@ -216,7 +216,7 @@ def _sharded(name: str, child: Dir, marker: float | None) -> Found | None:
     if child.file(META) is None or dcp.commit_time(child) is None:
         return generation(name, child, step, WRITING)
     meta = join(name, META)
-    checks = (Check(DCP, name, child), *_file_checks(meta, step))
+    checks = (Check(DCP, name), *_file_checks(meta, step))
     return settling_generation(name, child, step, checks=checks)
 
 

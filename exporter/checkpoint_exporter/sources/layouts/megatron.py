@@ -152,11 +152,11 @@ def parse(root: Dir, options: Options) -> list[Found]:
 def _checks(name: str, listing: Dir, kind: str, options: Options) -> tuple[Check, ...]:
     if kind == LEGACY:
         return zip_checks(listing, name, (".pt",))
-    checks = [Check(DCP, name, listing)]
+    checks = [Check(DCP, name)]
     if listing.has_file(COMMON):
         checks.append(Check(ZIP, join(name, COMMON)))  # loaded first by dist_checkpointing.load
     if options.verify_checksums and listing.has_file(INTEGRITY_FILE):
-        checks.append(Check(INTEGRITY, name, listing))
+        checks.append(Check(INTEGRITY, name))
     return tuple(checks)
 
 

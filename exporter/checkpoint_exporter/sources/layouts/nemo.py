@@ -143,7 +143,7 @@ def _committed(name: str, listing: Dir, step: int | None) -> Found:
     weights = listing.subdirs.get(WEIGHTS)
     if weights is None:
         return generation(name, listing, step, COMMITTED, commit_time)
-    checks = (Check(DCP, join(name, WEIGHTS), weights),)
+    checks = (Check(DCP, join(name, WEIGHTS)),)
     if dcp.commit_time(weights) is not None and not weights.has_file(CONFIG):
         return generation(
             name, listing, step, COMMITTED, commit_time,

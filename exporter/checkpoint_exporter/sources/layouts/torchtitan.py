@@ -79,7 +79,7 @@ def parse(root: Dir, options: Options) -> list[Found]:
         gen_id, step = join(prefix, name), step_digits(match.group(1))
         index = child.file(HF_INDEX)
         if dcp.commit_time(child) is None and index is not None:
-            check = Check(SAFETENSORS_INDEX, join(gen_id, HF_INDEX), child)
+            check = Check(SAFETENSORS_INDEX, join(gen_id, HF_INDEX))
             found.append(generation(gen_id, child, step, COMMITTED, index[1], checks=(check,)))
         elif dcp.is_checkpoint(child) or index is not None:
             found.append(dcp.checkpoint(gen_id, child, step))
