@@ -1,4 +1,6 @@
-"""``make generate``: rebuild every committed generated file from the code that defines it.
+"""``make generate``: rebuild every committed generated file from the code that defines it:
+docs/metrics.md, the rules, dashboards and manifests, the packaged runbooks, and the golden
+scrapes in tests/exposition/golden/.
 
 ``--check`` rebuilds in memory and exits 1 naming each file that differs, so CI can prove the
 committed copies are current.
@@ -14,7 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from checkpoint_exporter.exposition import metrics
+from checkpoint_exporter.exposition import golden, metrics
 from checkpoint_exporter.mixin import dashboards, rules
 from checkpoint_exporter.mixin.config import SPLIT, MixinConfig, check_mixin
 
@@ -179,6 +181,10 @@ def _committed() -> dict[str, Callable[[Path], str]]:
         # The exporter serves its runbooks at /runbooks (for a runbook_url inside the cluster).
         "exporter/checkpoint_exporter/runbooks.md": _runbooks,
     }
+    # The golden scrapes of the reference snapshot (exposition/golden.py), in each format, which
+    # tests/exposition/test_golden.py diffs against a fresh render.
+    for relative, content in golden.files().items():
+        targets[relative] = lambda _root, content=content: content
     for config, where in _WHERE.values():
         built = outputs(config)
         for kind, directory in where.items():
