@@ -384,7 +384,7 @@ def snapshot() -> Snapshot:
         ),
     )
     telemetry = (("disk", True), ("gpu", True), ("infiniband", True), ("network", True))
-    return Snapshot(NOW, jobs, daemon, filesystems, telemetry)
+    return Snapshot(jobs, daemon, filesystems, telemetry)
 
 
 def starting() -> Snapshot:
@@ -411,7 +411,7 @@ def starting() -> Snapshot:
         spool_writable=False,  # the spool directory is not there yet
         config_reload_success_time=NOW,
     )
-    return Snapshot(NOW, (job,), daemon)
+    return Snapshot((job,), daemon)
 
 
 # Golden file stem -> the snapshot it renders.
