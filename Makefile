@@ -38,7 +38,7 @@ writers:
 	@PYTHON=$(PYTHON) scripts/ensure-writers
 
 # The runtime dependencies' and the build backend's wheels, for the package tests to install
-# offline (tests/test_package.py); fetched again when pyproject.toml changes.
+# offline (tests/install/test_package.py); fetched again when pyproject.toml changes.
 WHEELHOUSE := build/wheelhouse
 $(WHEELHOUSE)/.complete: pyproject.toml scripts/wheelhouse
 	@PYTHON=$(PYTHON) scripts/wheelhouse $(WHEELHOUSE)

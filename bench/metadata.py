@@ -121,7 +121,7 @@ def _row(
     operations = samples[-1][1] - samples[0][1]
     # The counter is published once per scan pass, so rates read from it are coarse: the
     # average over the save is reported. The budget's own pacing is unit-tested
-    # (tests/test_listing.py); here it shows as the first scan's duration.
+    # (tests/sources/test_listing.py); here it shows as the first scan's duration.
     rate = operations / (samples[-1][0] - samples[0][0])
     return {
         "run": label, "ranks": ranks, "files_already_there": retained * (ranks + 1),

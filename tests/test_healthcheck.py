@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Exporter, run_cli, write_config
+from tests.exposition.test_web_security import Pki, pki  # noqa: F401  (the certificates, a fixture)
 from tests.helpers.alerting import free_port
-from tests.test_web_security import Pki, pki  # noqa: F401  (the certificates, a fixture)
 
 pytestmark = [pytest.mark.daemon]
 

@@ -398,7 +398,7 @@ def test_the_question_people_ask_worked_by_hand() -> None:
     assert result.provisioned_usable_tb == pytest.approx(5.39)
 
 
-# The interval tests' MTBF for the same job, from the same figure (tests/test_interval.py).
+# The interval tests' MTBF for the same job, from the same figure (tests/e2e/test_interval.py).
 SEED_JOB_MTBF = 86_400 * 16_000 / (8 * 1_024)
 
 

@@ -35,8 +35,8 @@ from checkpoint_exporter.config import WebConfig
 from checkpoint_exporter.exposition import connections
 from checkpoint_exporter.exposition.server import PROBE_WORKERS, WORKERS, MetricsServer
 from tests.conftest import wait_for
+from tests.exposition.test_connections import BODY, BigRenderer, serve  # noqa: F401 (the fixture)
 from tests.faults.test_spool_floods import peak_rss_kb
-from tests.test_connections import BODY, BigRenderer, serve  # noqa: F401 (the fixture)
 
 STORM = 10_000
 # What a kubelet probe would wait (its default timeoutSeconds is 1; this machine is shared and

@@ -23,7 +23,7 @@ from checkpoint_exporter.exposition.server import MetricsServer
 from checkpoint_exporter.model import Snapshot
 from checkpoint_exporter.webconfig import WebSecurity
 from tests.conftest import wait_for
-from tests.test_web_security import hold_checks
+from tests.exposition.test_web_security import hold_checks
 
 PASSWORD = "correct horse"
 

@@ -22,9 +22,9 @@ import pytest
 
 from checkpoint_exporter import __version__
 from tests.conftest import REPO, sample, wait_for, write_config
+from tests.exposition.test_web_security import Pki, pki  # noqa: F401  (the certificates, a fixture)
 from tests.helpers.alerting import free_port
 from tests.helpers.trees import dcp_generation
-from tests.test_web_security import Pki, pki  # noqa: F401  (the certificates, a fixture)
 
 SETUP = REPO / "build" / "image"  # scripts/ensure-image's default
 NOBODY = "65534:65534"

@@ -5,10 +5,11 @@ Lightning 2.4.0) left, captured through tests/writers/drivers/nemo_writer.py und
 names (the default template ``{name}--{score:.4f}-{epoch}``, ``-last``, ``-EMA``), kinds and sizes
 (206,637 bytes a plain save, 206,701 and 207,149 with the EMA callback), and the order of the
 marker's touch and unlink around the moves and removals (see layouts/lightning.py). Where the
-tracker judges a file its bytes are a real Lightning checkpoint (tests/test_layout_lightning.py's
-``REAL``), never an imitation. The ``.nemo`` export is named as ``_format_nemo_checkpoint_name``
-names it (``<prefix>.nemo``); the driver's plain LightningModule has no ``save_to``, so NeMo
-wrote none and its size here is arbitrary (the layout reads no ``.nemo``).
+tracker judges a file its bytes are a real Lightning checkpoint
+(tests/sources/test_layout_lightning.py's ``REAL``), never an imitation. The ``.nemo`` export
+is named as ``_format_nemo_checkpoint_name`` names it (``<prefix>.nemo``); the driver's plain
+LightningModule has no ``save_to``, so NeMo wrote none and its size here is arbitrary (the
+layout reads no ``.nemo``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from checkpoint_exporter.model import ABORTED, COMMITTED, DURABLE, WRITING, Watc
 from checkpoint_exporter.sources.layouts.base import ZIP, ZIP_STEP
 from checkpoint_exporter.sources.validate import validate
 from tests.helpers.trees import BASE, build, scan, touch
-from tests.test_layout_lightning import REAL
+from tests.sources.test_layout_lightning import REAL
 
 PLAIN = 206_637  # one save without EMA
 MODEL, EMA = 206_701, 207_149  # the two files of a save with the EMA callback

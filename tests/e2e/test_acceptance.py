@@ -707,7 +707,7 @@ def test_no_matching_series_is_an_input_error_not_a_pass(tmp_path: Path) -> None
 
 
 def _free_port_block() -> int:
-    from tests.test_demo import free_port_block
+    from tests.e2e.test_demo import free_port_block
 
     return free_port_block()
 
@@ -751,7 +751,7 @@ DEMO_SECONDS = 165  # two to three faults of each kind (one save in three, inter
 @pytest.mark.daemon
 @pytest.mark.timeout(480)
 def test_acceptance_against_the_demo(demo: tuple[str, Path, float], tmp_path: Path) -> None:
-    from tests.test_demo import chromium
+    from tests.e2e.test_demo import chromium
 
     prometheus, workdir, started = demo
     time.sleep(max(0.0, started + DEMO_SECONDS - time.time()))

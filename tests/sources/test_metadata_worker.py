@@ -35,7 +35,7 @@ from tests.helpers.hostile import (
     size_over_memoized_list,
 )
 from tests.helpers.trees import dcp_generation, dcp_metadata_bytes
-from tests.test_layout_lightning import torch_like_zip
+from tests.sources.test_layout_lightning import torch_like_zip
 
 MiB = 1024 * 1024
 

@@ -51,7 +51,7 @@ def units(tmp_path: Path) -> Path:
     """The units with ExecStart pointing at this checkout's command (verify checks it exists),
     and the templates instantiated (a template itself cannot be verified). The units as shipped,
     on a node where the package is installed where they say, are verified by
-    tests/test_package.py."""
+    tests/install/test_package.py."""
     command = str(Path(sys.executable).parent / "checkpoint-exporter")
     for unit in SYSTEMD.glob("checkpoint-exporter*"):
         text = unit.read_text()

@@ -16,7 +16,7 @@ from tests.conftest import require_tool
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.daemon]
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bench"))
 
 import detect  # noqa: E402

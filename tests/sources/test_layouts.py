@@ -129,7 +129,7 @@ def test_megatron_legacy_and_integrity(tmp_path: Path) -> None:
 
 def test_nemo_unfinished_marker(tmp_path: Path) -> None:
     # ModelCheckpoint touches the marker before the save writes (a marker newer than every file
-    # is a removal: tests/test_layout_megatron.py).
+    # is a removal: tests/sources/test_layout_megatron.py).
     done = "llama--val_loss=1.20-step=100-consumed_samples=800"
     busy = "llama--val_loss=1.10-step=200-consumed_samples=1600"
     build(tmp_path, {f"{busy}-unfinished": 0}, BASE)
@@ -191,7 +191,8 @@ def test_hf_trainer(tmp_path: Path) -> None:
 def test_lightning_files_links_and_sharded_directories(tmp_path: Path) -> None:
     # Lightning 2.6.6 moves a temporary file into place, a copy across filesystems: no marker,
     # every .ckpt settles. A full last.ckpt is a save of its own (its step only inside); a
-    # symlink is a name, never a generation. tests/test_layout_lightning.py has the real trees.
+    # symlink is a name, never a generation. tests/sources/test_layout_lightning.py has the real
+    # trees.
     build(tmp_path, {"epoch=0-step=100.ckpt": 64}, BASE)
     build(tmp_path, {"epoch=1-step=200.ckpt": 64, "last.ckpt": 64}, BASE + 60)
     build(tmp_path, {"last-link.ckpt": "->epoch=1-step=200.ckpt"})

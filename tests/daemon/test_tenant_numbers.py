@@ -39,7 +39,7 @@ from tests.conftest import parse_samples, sample, wait_for, write_config
 from tests.faults.test_names_beneath import metadata_naming
 from tests.helpers.synthetic import generations, synthetic_job
 from tests.helpers.trees import build, dcp_generation, scan
-from tests.test_layout_lightning import torch_like_zip
+from tests.sources.test_layout_lightning import torch_like_zip
 
 HUGE = 10**400  # what the tenant wrote: float(HUGE) raises OverflowError
 EXACT = 2**53  # the largest step a float sample holds together with every step below it

@@ -11,7 +11,7 @@ import shlex
 import pytest
 
 from checkpoint_exporter.cli import build_parser
-from tests.test_deploy import KUBERNETES, SYSTEMD, _config, _mounts, _one, _render
+from tests.install.test_deploy import KUBERNETES, SYSTEMD, _config, _mounts, _one, _render
 
 pytestmark = [pytest.mark.kubectl]
 

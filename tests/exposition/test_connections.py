@@ -29,7 +29,7 @@ from checkpoint_exporter.exposition.server import REFUSAL_DELAY_SECONDS, WORKERS
 from checkpoint_exporter.model import Snapshot
 from checkpoint_exporter.webconfig import WebSecurity
 from tests.conftest import wait_for
-from tests.test_web_security import Pki, pki  # noqa: F401 (the fixture)
+from tests.exposition.test_web_security import Pki, pki  # noqa: F401 (the fixture)
 
 # More than loopback's socket buffers take: an answer a client never reads stalls.
 BODY = 16 * 1024 * 1024
