@@ -154,6 +154,18 @@ class Exporter:
                 stream.close()
 
 
+# What a fixture needs, marked where the fixture is asked for rather than by hand on each test:
+# a test that starts the exporter is a `daemon` test wherever it lives.
+FIXTURE_MARKERS = {"exporter": "daemon"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        for fixture, marker in FIXTURE_MARKERS.items():
+            if fixture in getattr(item, "fixturenames", ()):
+                item.add_marker(marker)
+
+
 @pytest.fixture
 def exporter() -> Iterator[type[Exporter]]:
     started: list[Exporter] = []

@@ -16,8 +16,6 @@ import pytest
 from tests.conftest import sample, wait_for, write_config
 from tests.helpers.trees import dcp_generation
 
-pytestmark = [pytest.mark.daemon]
-
 DAY = 86400.0
 
 

@@ -7,12 +7,8 @@ import os
 import signal
 from pathlib import Path
 
-import pytest
-
 from tests.conftest import wait_for, write_config
 from tests.helpers.trees import dcp_generation
-
-pytestmark = [pytest.mark.daemon]
 
 RELOADED = "checkpoint_exporter_config_last_reload_successful"
 RELOADED_AT = "checkpoint_exporter_config_last_reload_success_timestamp_seconds"

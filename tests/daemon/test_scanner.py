@@ -8,12 +8,8 @@ import shutil
 import time
 from pathlib import Path
 
-import pytest
-
 from tests.conftest import sample, wait_for, write_config
 from tests.helpers.trees import dcp_generation
-
-pytestmark = [pytest.mark.daemon]
 
 
 def test_discover_roots_limit_and_forget(tmp_path: Path, exporter) -> None:

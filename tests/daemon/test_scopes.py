@@ -224,7 +224,6 @@ def _save_events(spool: Path, job: str, step: int) -> None:
         save.written()
 
 
-@pytest.mark.daemon
 def test_a_node_scope_process_reads_only_node_trees(tmp_path: Path, exporter) -> None:
     """`local` (scope node) is read; `declared` (scope: shared) and `on-nfs` (auto, on an NFS
     mount) are not: none of their generations shows, yet their ranks' clocks from this node's
@@ -269,7 +268,6 @@ jobs:
 
 
 @pytest.mark.root
-@pytest.mark.daemon
 def test_a_node_scope_process_never_touches_a_shared_tree(tmp_path: Path, exporter) -> None:
     """A shared tree that hangs on every lookup (a FUSE mount nobody serves): a node-scope
     process starts, gets ready and stops as if it were not there -- no stat at load, no
@@ -298,7 +296,6 @@ jobs:
 
 
 @pytest.mark.root
-@pytest.mark.daemon
 def test_a_node_scope_process_finds_a_shared_roots_jobs_in_its_spool(
     tmp_path: Path, exporter
 ) -> None:
@@ -328,7 +325,6 @@ discover: [{{root: {hung}, scope: shared, poll_interval: 1s}}]
         assert code == 0 and took < 2
 
 
-@pytest.mark.daemon
 def test_shards_split_the_shared_jobs_disjointly_and_completely(tmp_path: Path, exporter) -> None:
     names = [f"job-{index}" for index in range(8)]
     for name in names:

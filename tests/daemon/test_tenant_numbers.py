@@ -236,7 +236,6 @@ CHECKPOINT_SERIES = (
 )  # fmt: skip
 
 
-@pytest.mark.daemon
 @pytest.mark.torch
 def test_a_step_of_10_400_beside_a_healthy_job_end_to_end(tmp_path: Path, exporter) -> None:
     hostile, healthy = tmp_path / "hostile", tmp_path / "healthy"

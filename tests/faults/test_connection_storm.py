@@ -115,7 +115,6 @@ def _sockets(pid: int) -> int:
     return count
 
 
-@pytest.mark.daemon
 def test_ten_thousand_connections_reset_at_once_leave_probes_and_sigterm_working(
     exporter,
 ) -> None:
@@ -136,7 +135,6 @@ def test_ten_thousand_connections_reset_at_once_leave_probes_and_sigterm_working
     assert code == 0
 
 
-@pytest.mark.daemon
 def test_ten_thousand_idle_connections_cost_bounded_threads_sockets_and_memory(exporter) -> None:
     served = exporter()
     port = _port(served)

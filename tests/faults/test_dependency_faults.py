@@ -15,7 +15,7 @@ import pytest
 from tests.conftest import REPO, require_tool, sample, wait_for, write_config
 from tests.helpers.trees import dcp_generation
 
-pytestmark = [pytest.mark.root, pytest.mark.daemon]
+pytestmark = [pytest.mark.root]
 
 FAKES = REPO / "tests" / "fakes"
 

@@ -9,12 +9,8 @@ import os
 import time
 from pathlib import Path
 
-import pytest
-
 from tests.conftest import wait_for, write_config
 from tests.helpers.trees import dcp_generation
-
-pytestmark = [pytest.mark.daemon]
 
 YEAR = 365 * 86400.0
 

@@ -12,7 +12,7 @@ import pytest
 from tests.conftest import require_tool, sample, wait_for, write_config
 from tests.helpers.trees import dcp_generation, dcp_metadata_bytes
 
-pytestmark = [pytest.mark.netns, pytest.mark.daemon]
+pytestmark = [pytest.mark.netns]
 
 
 def _limited(watches: int) -> list[str]:

@@ -6,14 +6,10 @@ import signal
 import time
 from pathlib import Path
 
-import pytest
-
 from checkpoint_exporter import instrument
 from tests.conftest import sample, wait_for, write_config
 from tests.helpers.trees import dcp_generation, dcp_metadata_bytes
 from tests.helpers.writer import Writer
-
-pytestmark = [pytest.mark.daemon]
 
 
 def test_writer_killed_mid_commit(tmp_path: Path, exporter) -> None:

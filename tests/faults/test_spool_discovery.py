@@ -15,8 +15,6 @@ import os
 import time
 from pathlib import Path
 
-import pytest
-
 from checkpoint_exporter import instrument
 from checkpoint_exporter.sources.spool import Listed, SpoolReader
 from tests.conftest import sample, wait_for, write_config
@@ -49,7 +47,6 @@ discover: [{{root: {tmp_path / 'shared'}, scope: shared, max_jobs: {max_jobs}, p
     return exporter("--config.file", str(config), "--scope=node")
 
 
-@pytest.mark.daemon
 def test_empty_spool_directories_take_no_max_jobs_slot(tmp_path: Path, exporter) -> None:
     """Before: the 200 directories took the 200 slots, and the job written after them was over
     max_jobs, not watched."""
@@ -67,7 +64,6 @@ def test_empty_spool_directories_take_no_max_jobs_slot(tmp_path: Path, exporter)
     assert sample(text, EXCESS, root=str(tmp_path / "shared")) == 0
 
 
-@pytest.mark.daemon
 def test_the_newest_spool_jobs_are_watched(tmp_path: Path, exporter) -> None:
     """max_jobs 2 and three jobs in the spool: the two that wrote last are watched, whatever
     their names. Before: the first two in alphabetical order, the newest left out."""

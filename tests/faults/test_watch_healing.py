@@ -8,12 +8,8 @@ import shutil
 import sys
 from pathlib import Path
 
-import pytest
-
 from tests.conftest import wait_for, write_config
 from tests.helpers.trees import dcp_generation
-
-pytestmark = [pytest.mark.daemon]
 
 # Runs the exporter in-process after starting a thread that, once the file named by its first
 # argument appears, puts a directory where the process's inotify descriptor was: the reader's
