@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pwd
 import subprocess
@@ -12,16 +13,30 @@ from pathlib import Path
 import pytest
 import yaml
 
+from checkpoint_exporter import config as config_module
 from checkpoint_exporter.cli import main
 from checkpoint_exporter.config import (
     DEFAULT_LISTEN_ADDRESS,
+    Config,
     ConfigError,
+    DiagnosisThresholds,
+    DiscoverConfig,
+    JobConfig,
+    PathsConfig,
+    Policy,
+    ScanConfig,
+    TelemetryConfig,
+    WebConfig,
+    _share,
     config_to_dict,
+    dumped,
+    key_fields,
     load_config,
     load_web_section,
     parse_config,
     parse_listen_address,
 )
+from checkpoint_exporter.schema import Problems
 from tests.conftest import CLI, as_nobody, as_user_env, run_cli, write_config
 
 
@@ -690,3 +705,60 @@ def test_check_config_output_and_every_error_message_are_unchanged(
     if os.environ.get("UPDATE_GOLDEN"):
         GOLDEN.write_text(transcript)
     assert transcript == GOLDEN.read_text()
+
+
+# --- one declaration per key ---------------------------------------------------------------------
+
+MAPPINGS = {
+    "web": (WebConfig, SECTION_KEYS["web"]),
+    "paths": (PathsConfig, SECTION_KEYS["paths"]),
+    "telemetry": (TelemetryConfig, SECTION_KEYS["telemetry"]),
+    "scan": (ScanConfig, SECTION_KEYS["scan"]),
+    "defaults": (Policy, SECTION_KEYS["defaults"]),
+    "diagnosis": (DiagnosisThresholds, SECTION_KEYS["diagnosis"]),
+    "jobs[]": (JobConfig, JOB_KEYS),
+    "discover[]": (DiscoverConfig, DISCOVER_KEYS),
+    "top": (Config, TOP_KEYS),
+}
+
+
+@pytest.mark.parametrize("mapping", MAPPINGS)
+def test_each_mapping_accepts_and_prints_the_keys_its_dataclass_declares(mapping: str) -> None:
+    """The parser's table and check-config's view are both read from the dataclass: the keys of
+    each equal the keys the fields declare, in field order, and those are the contract's."""
+    cls, contract = MAPPINGS[mapping]
+    declared = [f.name for f in dataclasses.fields(cls) if config_module._KEY in f.metadata]
+    table = [f.key for f in key_fields(cls, path=Path)]
+    if cls in (JobConfig, DiscoverConfig):  # a job's policy keys sit in its own mapping
+        declared = [name for name in declared if name != "policy"] + list(POLICY_KEYS)
+    assert table == declared
+    instance = cls(**{f.key: Path("/x") for f in key_fields(cls, Path) if f.required})
+    assert list(dumped(instance)) == table
+    assert sorted(table) == sorted(contract)
+
+
+def test_a_key_declared_on_a_dataclass_is_parsed_checked_and_printed_with_no_other_edit() -> None:
+    """A field added with its metadata is a key: accepted, its bad values refused with the
+    reason, named in "known keys", and printed -- nothing else names it."""
+    extended = dataclasses.make_dataclass(
+        "ExtendedTelemetry",
+        [
+            ("ratio", float, dataclasses.field(default=0.5, metadata=config_module._key(_share))),
+            ("window", float, dataclasses.field(default=60.0, metadata=config_module._duration())),
+        ],
+        bases=(TelemetryConfig,),
+        frozen=True,
+    )
+    problems = Problems("f.yaml")
+    values = problems.check(
+        {"ratio": 0.75, "window": "2m", "gpu": "on"}, ("t",), key_fields(extended)
+    )
+    assert problems.found == []
+    shown = dumped(extended(**values))
+    assert (shown["gpu"], shown["ratio"], shown["window"]) == ("on", 0.75, "2m")
+    assert list(shown)[-2:] == ["ratio", "window"]
+    problems.check({"windw": "1m", "ratio": 2}, ("t",), key_fields(extended))
+    reasons = [f"{p.key}: {p.reason}" for p in problems.found]
+    assert reasons[0].startswith("t.windw: unknown key; did you mean 'window'? (known keys: ")
+    assert "ratio, retention, sample_interval, window)" in reasons[0]
+    assert reasons[1] == "t.ratio: must be above 0 and at most 1, got 2"
