@@ -1,5 +1,5 @@
 """The command line: every verb's flags, defaults and --help pinned, the contract's verbs and
-flags present, and the usage errors' exit status."""
+flags present, the default verb, and the usage errors' exit status."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from checkpoint_exporter import cli
 from checkpoint_exporter.cli import build_parser, main
 
 # tests/golden/cli.txt: each verb's --help and each of its flags (dest, default, type, choices,
@@ -86,6 +87,34 @@ def test_the_contracts_verbs_and_flags_are_there() -> None:
 
 
 @pytest.mark.parametrize(
+    ("argv", "verb"),
+    [
+        ([], "serve"),
+        (["--config.file", "c.yaml"], "serve"),
+        (["--web.listen-address", ":1"], "serve"),
+        (["check-config", "--config.file", "c.yaml"], "check-config"),
+        (["rules"], "rules"),
+    ],
+)
+def test_without_a_verb_the_command_serves(
+    argv: list[str], verb: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The verb's module is what runs: each one's run is replaced by one that says which ran."""
+    ran: list[str] = []
+    for module in set(cli.VERB_MODULES.values()):
+        monkeypatch.setattr(module, "run", lambda args: ran.append(args.verb) or 0)
+    assert main(argv) == 0
+    assert ran == [verb]
+
+
+def test_each_verb_is_a_module_with_its_arguments_and_its_run() -> None:
+    assert set(cli.VERB_MODULES) == set(_verbs(build_parser()))
+    for verb, module in cli.VERB_MODULES.items():
+        assert module.__name__.startswith("checkpoint_exporter.cli."), verb
+        assert callable(module.add_arguments) and callable(module.run), verb
+
+
+@pytest.mark.parametrize(
     ("argv", "message"),
     [
         (["check-config"], "the following arguments are required: --config.file"),
@@ -102,3 +131,37 @@ def test_usage_errors_exit_2_with_the_verbs_usage(
         main(argv)
     assert exited.value.code == 2
     assert message in capsys.readouterr().err
+
+
+# --- serve: the flags resolved by the CLI, the wiring in daemon/app.py ---------------------------
+
+
+class _Scanner:
+    def __init__(self) -> None:
+        self.reloaded: list[object] = []
+        self.failed = 0
+
+    def reload(self, config: object) -> None:
+        self.reloaded.append(config)
+
+    def reload_failed(self) -> None:
+        self.failed += 1
+
+
+def test_a_reload_that_reads_a_good_file_hands_it_to_the_scanner_and_a_bad_one_keeps_the_old(
+    tmp_path: Path,
+) -> None:
+    from checkpoint_exporter.daemon.app import reload_config
+
+    path = tmp_path / "config.yaml"
+    args = build_parser().parse_args(["serve", "--config.file", str(path), "--path.procfs", "/p"])
+    scanner = _Scanner()
+    path.write_text("spool_retention: 1h\n")
+    reload_config(lambda: cli.serve.configuration(args), scanner)
+    (config,) = scanner.reloaded
+    assert (config.spool_retention, config.paths.procfs) == (3600.0, Path("/p"))  # file + flag
+    path.write_text("spool_retention: 1 hour\n")
+    reload_config(lambda: cli.serve.configuration(args), scanner)
+    bad_flag = build_parser().parse_args(["serve", "--scope", "nowhere"])
+    reload_config(lambda: cli.serve.configuration(bad_flag), scanner)
+    assert (len(scanner.reloaded), scanner.failed) == (1, 2)
