@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pwd
 import subprocess
@@ -12,14 +13,30 @@ from pathlib import Path
 import pytest
 import yaml
 
+from checkpoint_exporter import config as config_module
+from checkpoint_exporter.cli import main
 from checkpoint_exporter.config import (
     DEFAULT_LISTEN_ADDRESS,
+    Config,
     ConfigError,
+    DiagnosisThresholds,
+    DiscoverConfig,
+    JobConfig,
+    PathsConfig,
+    Policy,
+    ScanConfig,
+    TelemetryConfig,
+    WebConfig,
+    _share,
     config_to_dict,
+    dumped,
+    key_fields,
     load_config,
+    load_web_section,
     parse_config,
     parse_listen_address,
 )
+from checkpoint_exporter.schema import Problems
 from tests.conftest import CLI, as_nobody, as_user_env, run_cli, write_config
 
 
@@ -520,3 +537,228 @@ def test_a_discovered_job_pages_only_on_objectives_someone_stated(ckpt: Path) ->
     assert paging("defaults: {interval: 1h}\ndiscover: [{root: ckpt, deadline: 5m}]") == [True]
     assert paging("discover: [{root: ckpt, page: true}]") == [True]
     assert paging("defaults: {page: true}\ndiscover: [{root: ckpt}]") == [True]
+
+
+# --- check-config's output, byte for byte --------------------------------------------------------
+#
+# tests/golden/check-config.txt holds what check-config printed (exit status, stdout, stderr) for
+# each config below, and what load_web_section (healthcheck's reader) said: every key of every
+# mapping stated, each key given values of the wrong kind, unknown keys at every level, and the
+# checks across keys. Config keys, defaults, the dump and the error messages are a contract
+# (DESIGN.md); the golden pins all of them at once. UPDATE_GOLDEN=1 rewrites it after a change
+# that is meant.
+
+GOLDEN = Path(__file__).parent / "golden" / "check-config.txt"
+
+# Every key of every mapping, as DESIGN.md and the docs name them.
+POLICY_KEYS = (
+    "interval", "deadline", "retained_generations", "capacity_reserve", "restore_drill_max_age",
+    "layout", "watch", "poll_interval", "verify_checksums", "settle", "scope", "mtbf",
+    "abandon_after", "abort_after", "finished", "page", "spool_owner",
+)  # fmt: skip
+SECTION_KEYS = {
+    "web": ("listen_address", "telemetry_path", "config_file"),
+    "paths": ("procfs", "sysfs", "rootfs"),
+    "telemetry": ("sample_interval", "network_devices", "infiniband", "gpu", "retention"),
+    "scan": (
+        "metadata_ops_per_second", "reconcile_interval", "max_depth",
+        "checksum_bytes_per_second", "metadata_memory_bytes",
+    ),
+    "defaults": POLICY_KEYS,
+    "diagnosis": (
+        "straggler_share", "straggler_seconds", "commit_share", "commit_seconds",
+        "staging_share", "staging_seconds", "staging_network_share",
+        "contention_deadline_share", "backlog_saves", "backlog_growth", "backlog_in_flight",
+        "backlog_seconds", "gpu_share", "gpu_baseline", "telemetry_grace",
+    ),
+}  # fmt: skip
+JOB_KEYS = ("name", "path", "staging", *POLICY_KEYS)
+DISCOVER_KEYS = ("root", "max_jobs", "forget_after", *POLICY_KEYS)
+TOP_KEYS = (*SECTION_KEYS, "spool", "spool_retention", "jobs", "discover")
+
+EVERY_KEY = """
+web: {listen_address: "127.0.0.1:9999", telemetry_path: /m, config_file: web.yaml}
+paths: {procfs: /p, sysfs: rel/sys, rootfs: /r}
+spool: spool
+spool_retention: 2d
+telemetry: {sample_interval: 2s, network_devices: "^eth", infiniband: false, gpu: "off",
+            retention: 30m}
+scan: {metadata_ops_per_second: 0, reconcile_interval: 2h, max_depth: 3,
+       checksum_bytes_per_second: 1.0e+6, metadata_memory_bytes: 134217728}
+defaults: {interval: 10m, deadline: 45s, retained_generations: 5, capacity_reserve: 0.1,
+           restore_drill_max_age: 3d, layout: dcp, watch: poll, poll_interval: 7s,
+           verify_checksums: true, settle: 9s, scope: shared, mtbf: 6h, abandon_after: 2d,
+           abort_after: 20m, finished: false, page: true, spool_owner: [0, "root"]}
+diagnosis: {straggler_share: 0.3, straggler_seconds: 2s, commit_share: 0.6, commit_seconds: 3s,
+            staging_share: 0.4, staging_seconds: 4s, staging_network_share: 0.2,
+            contention_deadline_share: 0.7, backlog_saves: 4, backlog_growth: 2,
+            backlog_in_flight: 2, backlog_seconds: 5s, gpu_share: 0.6, gpu_baseline: 0.3,
+            telemetry_grace: 20s}
+jobs:
+  - {name: a, path: ckpt/a, staging: ckpt/staging-a, interval: 20m, deadline: 2m, mtbf: 1d,
+     abort_after: 1h, page: false, finished: true, layout: megatron, watch: inotify,
+     retained_generations: 2, capacity_reserve: 0.3, restore_drill_max_age: 1d,
+     poll_interval: 3s, verify_checksums: false, settle: 1s, scope: node, abandon_after: 1h,
+     spool_owner: 0}
+  - {name: b.2, path: ckpt/b}
+  - {name: c, path: not-there-yet}
+discover:
+  - {root: ckpt, max_jobs: 7, forget_after: 3h, interval: 5m, deadline: 30s}
+  - {root: ckpt/b, layout: hf}
+  - {root: ckpt/a, page: true}
+"""
+
+
+def _every_key_wrong(value: str) -> str:
+    """Every key of every mapping (and of a job and a discover entry) given ``value``."""
+
+    def mapping(keys: tuple[str, ...]) -> str:
+        return "{" + ", ".join(f"{key}: {value}" for key in keys) + "}"
+
+    lines = [f"{section}: {mapping(keys)}" for section, keys in SECTION_KEYS.items()]
+    lines += [f"spool: {value}", f"spool_retention: {value}"]
+    lines += [f"jobs: [{mapping(JOB_KEYS)}]", f"discover: [{mapping(DISCOVER_KEYS)}]"]
+    return "\n".join(lines) + "\n"
+
+
+def _unknown_everywhere() -> str:
+    """A misspelt key in every mapping: each says which key it might be."""
+    lines = [f"{section}: {{{keys[0]}x: 1}}" for section, keys in SECTION_KEYS.items()]
+    lines += ["spoool: /x", "jobs: [{name: a, path: ckpt/a, deadlin: 1m}]"]
+    lines += ["discover: [{root: ckpt, max_job: 3}]", "zzz: 1"]
+    return "\n".join(lines) + "\n"
+
+
+GOLDEN_CASES = {
+    "empty": "",
+    "every key stated": EVERY_KEY,
+    "a discovered root pages on stated objectives": (
+        "defaults: {interval: 10m}\ndiscover:\n  - {root: ckpt}\n  - {root: ckpt/a, deadline: 1m}\n"
+    ),
+    "every key a mapping": _every_key_wrong("{k: 1}"),
+    "every key a list": _every_key_wrong("[1, 2]"),
+    "every key a word": _every_key_wrong("nonsense"),
+    "every key negative": _every_key_wrong("-1"),
+    "every key zero": _every_key_wrong("0"),
+    "every key huge": _every_key_wrong("1e300"),
+    "every key true": _every_key_wrong("true"),
+    "every key empty": _every_key_wrong('""'),
+    "unknown keys everywhere": _unknown_everywhere(),
+    "sections of the wrong kind": (
+        "web: 1\npaths: [a]\ntelemetry: x\nscan: true\ndefaults: 2\ndiagnosis: []\n"
+        "jobs: {a: 1}\ndiscover: x\n"
+    ),
+    "entries of the wrong kind": "jobs: [1, x, [a]]\ndiscover: [1, {}]\n",
+    "missing required keys": (
+        "jobs:\n  - {deadline: 1m}\n  - {name: b}\ndiscover:\n  - {max_jobs: 3}\n"
+    ),
+    "duplicates and directories": (
+        "jobs:\n  - {name: a, path: ckpt/a}\n  - {name: a, path: ckpt/b}\n"
+        "  - {name: c, path: ckpt/a}\n  - {name: d, path: ckpt/file, staging: ckpt/b}\n"
+    ),
+    "ring too large": "telemetry: {sample_interval: 1ms, retention: 1d}\n",
+    "values out of range": (
+        'web: {listen_address: "[::1]:99999", telemetry_path: "/a b"}\n'
+        "scan: {max_depth: 65, metadata_memory_bytes: 1, metadata_ops_per_second: 2e9}\n"
+        "diagnosis: {backlog_saves: 13, backlog_growth: 0.5, gpu_share: 1.5}\n"
+        "defaults: {capacity_reserve: 1, layout: tensorflow, spool_owner: [nosuchuser-xyz, -3]}\n"
+        "jobs:\n  - {name: '-bad', path: ckpt/a}\n  - {name: b, path: \"a\\0b\"}\n"
+    ),
+    "web config that does not exist": "web: {config_file: missing.yaml}\n",
+    "web config with problems": "web: {config_file: bad-web.yaml}\n",
+    "not a mapping": "- 1\n- 2\n",
+    "yaml error": "jobs: [\n",
+    "duplicate yaml key": "spool: /a\nspool: /b\n",
+}
+
+
+def _golden_directory(tmp_path: Path) -> Path:
+    for name in ("a", "b", "staging-a"):
+        (tmp_path / "ckpt" / name).mkdir(parents=True)
+    (tmp_path / "ckpt" / "file").write_text("")
+    (tmp_path / "web.yaml").write_text("")
+    (tmp_path / "bad-web.yaml").write_text("tls_server_config: {cert_file: x}\nbasic_auth: 1\n")
+    return tmp_path
+
+
+def _check_config_transcript(directory: Path, capsys: pytest.CaptureFixture[str]) -> str:
+    out = []
+    for name, text in GOLDEN_CASES.items():
+        path = write_config(directory, text)
+        status = main(["check-config", "--config.file", str(path)])
+        captured = capsys.readouterr()
+        try:
+            web = f"{load_web_section(path)}"
+        except ConfigError as error:
+            web = f"ConfigError:\n{error}"
+        out.append(
+            f"## {name}\n### exit {status}\n### stdout\n{captured.out}### stderr\n{captured.err}"
+            f"### load_web_section\n{web}\n"
+        )
+    return "".join(out).replace(str(directory), "<dir>")
+
+
+def test_check_config_output_and_every_error_message_are_unchanged(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    transcript = _check_config_transcript(_golden_directory(tmp_path), capsys)
+    if os.environ.get("UPDATE_GOLDEN"):
+        GOLDEN.write_text(transcript)
+    assert transcript == GOLDEN.read_text()
+
+
+# --- one declaration per key ---------------------------------------------------------------------
+
+MAPPINGS = {
+    "web": (WebConfig, SECTION_KEYS["web"]),
+    "paths": (PathsConfig, SECTION_KEYS["paths"]),
+    "telemetry": (TelemetryConfig, SECTION_KEYS["telemetry"]),
+    "scan": (ScanConfig, SECTION_KEYS["scan"]),
+    "defaults": (Policy, SECTION_KEYS["defaults"]),
+    "diagnosis": (DiagnosisThresholds, SECTION_KEYS["diagnosis"]),
+    "jobs[]": (JobConfig, JOB_KEYS),
+    "discover[]": (DiscoverConfig, DISCOVER_KEYS),
+    "top": (Config, TOP_KEYS),
+}
+
+
+@pytest.mark.parametrize("mapping", MAPPINGS)
+def test_each_mapping_accepts_and_prints_the_keys_its_dataclass_declares(mapping: str) -> None:
+    """The parser's table and check-config's view are both read from the dataclass: the keys of
+    each equal the keys the fields declare, in field order, and those are the contract's."""
+    cls, contract = MAPPINGS[mapping]
+    declared = [f.name for f in dataclasses.fields(cls) if config_module._KEY in f.metadata]
+    table = [f.key for f in key_fields(cls, path=Path)]
+    if cls in (JobConfig, DiscoverConfig):  # a job's policy keys sit in its own mapping
+        declared = [name for name in declared if name != "policy"] + list(POLICY_KEYS)
+    assert table == declared
+    instance = cls(**{f.key: Path("/x") for f in key_fields(cls, Path) if f.required})
+    assert list(dumped(instance)) == table
+    assert sorted(table) == sorted(contract)
+
+
+def test_a_key_declared_on_a_dataclass_is_parsed_checked_and_printed_with_no_other_edit() -> None:
+    """A field added with its metadata is a key: accepted, its bad values refused with the
+    reason, named in "known keys", and printed -- nothing else names it."""
+    extended = dataclasses.make_dataclass(
+        "ExtendedTelemetry",
+        [
+            ("ratio", float, dataclasses.field(default=0.5, metadata=config_module._key(_share))),
+            ("window", float, dataclasses.field(default=60.0, metadata=config_module._duration())),
+        ],
+        bases=(TelemetryConfig,),
+        frozen=True,
+    )
+    problems = Problems("f.yaml")
+    values = problems.check(
+        {"ratio": 0.75, "window": "2m", "gpu": "on"}, ("t",), key_fields(extended)
+    )
+    assert problems.found == []
+    shown = dumped(extended(**values))
+    assert (shown["gpu"], shown["ratio"], shown["window"]) == ("on", 0.75, "2m")
+    assert list(shown)[-2:] == ["ratio", "window"]
+    problems.check({"windw": "1m", "ratio": 2}, ("t",), key_fields(extended))
+    reasons = [f"{p.key}: {p.reason}" for p in problems.found]
+    assert reasons[0].startswith("t.windw: unknown key; did you mean 'window'? (known keys: ")
+    assert "ratio, retention, sample_interval, window)" in reasons[0]
+    assert reasons[1] == "t.ratio: must be above 0 and at most 1, got 2"

@@ -32,7 +32,7 @@ DOCUMENTS = [
 ]
 # Modules whose strings reach users: --help, metric help, the landing page, the report.
 MODULES = [
-    PACKAGE / "cli.py",
+    *sorted((PACKAGE / "cli").glob("*.py")),
     PACKAGE / "exposition" / "landing.py",
     PACKAGE / "exposition" / "metrics.py",
     PACKAGE / "exposition" / "renderer.py",

@@ -16,7 +16,8 @@ import pwd
 import re
 import stat
 import threading
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -73,265 +74,6 @@ _JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 # The shortest default abort_after: a save that wrote nothing for ten minutes is not coming back,
 # while a slow commit (a metadata gather, a rename on a busy server) may pause for minutes.
 MIN_ABORT_AFTER = 600.0
-
-
-@dataclass(frozen=True)
-class Policy:
-    """The objectives and knobs a job inherits from ``defaults`` and may override."""
-
-    interval: float = 15 * 60.0
-    deadline: float = 60.0
-    retained_generations: int = 3
-    capacity_reserve: float = 0.20
-    restore_drill_max_age: float = 7 * 86400.0
-    layout: str = "auto"
-    watch: str = "auto"
-    poll_interval: float = 5.0  # rescan period when polling (network filesystems)
-    verify_checksums: bool = False  # Megatron integrity.json sha256, read at a capped rate
-    # How long a generation with no commit marker (a single-file checkpoint, DeepSpeed without
-    # `latest`) must stay unchanged before it is judged: long enough that a copy or a slow
-    # writer between two chunks is not taken for finished, short next to any deadline.
-    settle: float = 5.0
-    # The scope of the job's durable tier (``path``): auto decides from its mount. A staging
-    # tier is always scoped from its mount (it is node-local storage, or a shared fast tier).
-    scope: str = "auto"
-    # Mean time between failures that stop the job (a restart from the newest checkpoint): the
-    # input of Young's and Daly's intervals. None: not stated, no interval advice.
-    mtbf: float | None = None
-    # A job with no sign of life (heartbeat, spool event, write in its tree) for this long is
-    # presumed gone: its checkpoints stop paging, and a ticket names it.
-    abandon_after: float = 86400.0
-    # A save in progress with nothing moved for this long is aborted (None: twice the deadline,
-    # at least MIN_ABORT_AFTER). Slower than the deadline is late, not aborted: a slow commit
-    # writes nothing for a while, then commits.
-    abort_after: float | None = None
-    # The job ended (a job that is not instrumented cannot say so itself): nothing pages for it.
-    finished: bool = False
-    # Whether its failures page (critical) or open tickets (warning). Resolved when the file is
-    # read: a configured job pages; a discovered one pages only where its objectives (interval
-    # and deadline) were stated, in its discover entry or in `defaults:`.
-    page: bool = True
-    # The uids whose spool directories are the job's (a tenant may make another job's first);
-    # () leaves it to the owner of the job's checkpoint tree (see sources/spool.py).
-    spool_owner: tuple[int, ...] = ()
-
-    @property
-    def abort_seconds(self) -> float:
-        """Seconds without progress after which a save in progress is aborted."""
-        if self.abort_after is not None:
-            return self.abort_after
-        return max(2 * self.deadline, MIN_ABORT_AFTER)
-
-
-@dataclass(frozen=True)
-class ScanConfig:
-    """How hard the scanner may work shared storage."""
-
-    metadata_ops_per_second: float = 10_000  # on network filesystems; 0 = no limit
-    reconcile_interval: float = 3600.0  # full relisting, also after an inotify overflow
-    max_depth: int = 8
-    checksum_bytes_per_second: float = 200e6
-    # Address space of the worker that parses DCP .metadata (see dcp_metadata.IsolatedParser):
-    # a real file needs up to about 16 times its size, so 768 MiB checks files up to ~40 MiB.
-    # The pod's memory limit must leave this much beside the daemon.
-    metadata_memory_bytes: int = 768 * 1024 * 1024
-
-
-@dataclass(frozen=True)
-class JobConfig:
-    name: str
-    path: Path
-    staging: Path | None
-    policy: Policy
-
-
-@dataclass(frozen=True)
-class DiscoverConfig:
-    root: Path
-    max_jobs: int
-    forget_after: float
-    policy: Policy
-
-
-@dataclass(frozen=True)
-class ListenAddress:
-    host: str  # "" means every interface
-    port: int
-
-    def __str__(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{host}:{self.port}"
-
-
-@dataclass(frozen=True)
-class WebConfig:
-    listen_address: str = DEFAULT_LISTEN_ADDRESS
-    telemetry_path: str = "/metrics"
-    config_file: Path | None = None
-
-
-@dataclass(frozen=True)
-class PathsConfig:
-    procfs: Path = Path("/proc")
-    sysfs: Path = Path("/sys")
-    rootfs: Path = Path("/")  # accepted from 0.1 configs and flags; nothing reads it
-
-
-@dataclass(frozen=True)
-class TelemetryConfig:
-    sample_interval: float = 1.0
-    network_devices: str = "^(eth|en|ib|mlx|bond)"
-    infiniband: bool = True
-    gpu: str = "auto"
-    retention: float = 3600.0  # how far back samples are kept: the longest save to correlate
-
-
-@dataclass(frozen=True)
-class DiagnosisThresholds:
-    """When a finished save is diagnosed with a symptom of the seed article's bottleneck matrix
-    (section 7; core/diagnosis.py applies them, docs/runbooks.md argues them per symptom).
-
-    Every share has an absolute floor beside it, so a one-second save's noise (thread start-up,
-    a scheduler tick) never reads as a bottleneck, and a clean save -- phases in proportion,
-    ranks within a fraction of a second, no neighbour, GPUs as busy as before -- has none.
-
-    - ``straggler_share`` / ``straggler_seconds``: the spread of the local ranks' write ends is
-      over 25 % of the save's total and over 1 s. Ranks of one balanced save finish within a
-      few percent of each other; a quarter of the save spent waiting for one rank is the
-      matrix's "one server finishes much later".
-    - ``commit_share`` / ``commit_seconds``: the final completion after the last rank's payload
-      write (commit marker, metadata, rename) takes over half the total and over 1 s: more time
-      finishing than moving bytes is "fast payload write, slow final completion".
-    - ``staging_share`` / ``staging_seconds``: training was held before any payload moved (the
-      shorter of the pause and the staging phase) for over half the total and over 1 s; when
-      network telemetry saw traffic in the window, at most ``staging_network_share`` (25 %) of
-      it came during that stall ("the pause passes before network traffic rises"). A
-      synchronous save (resume not before written) holds training through its write by design:
-      its stall is the staging phase alone, and only network evidence can say it was staging.
-    - ``contention_deadline_share``: the save took over 80 % of its deadline while another
-      job's save overlapped it, no local cause (straggler, commit, staging) explains it, and the
-      job's recent saves without an overlapping neighbour stayed under that share (their
-      median): "single job is fast, several jobs miss the window". 80 % is the margin an
-      operator is told to keep; a save that only overlaps is not a symptom.
-    - ``backlog_saves`` / ``backlog_growth`` / ``backlog_in_flight``: the last 3 saves each took
-      longer than the one before, the newest at least 1.5 times the oldest of them, and at least
-      one more generation was still in flight (in progress, or committed on staging and not yet
-      drained) when this one ended: "async saves become progressively slower". Waiting staged
-      generations count only where both tiers are read (a process reading staging alone cannot
-      tell a retained, drained generation from one waiting). ``backlog_seconds``: and the newest
-      took over 1 s longer than the oldest of them, so sub-second jitter of short saves that
-      happens to rise three times running is not a backlog.
-    - ``gpu_share`` / ``gpu_baseline``: mean GPU utilisation in the window under half its
-      baseline just before the save, when that baseline was at least 20 % (an idle GPU cannot
-      be disturbed): "training slows only during storage writes". The pause (GPUs idle by
-      design) is discounted: the bound on the time after the resume, mean x window / (window -
-      pause), must be under it, and a pause of half the window or more is not judged.
-    - ``telemetry_grace``: how long after a save's end its diagnosis waits for the window's
-      telemetry (the sampler correlates it 1.5 samples after the end) before it is made without.
-    """
-
-    straggler_share: float = 0.25
-    straggler_seconds: float = 1.0
-    commit_share: float = 0.5
-    commit_seconds: float = 1.0
-    staging_share: float = 0.5
-    staging_seconds: float = 1.0
-    staging_network_share: float = 0.25
-    contention_deadline_share: float = 0.8
-    backlog_saves: int = 3
-    backlog_growth: float = 1.5
-    backlog_in_flight: int = 1
-    backlog_seconds: float = 1.0
-    gpu_share: float = 0.5
-    gpu_baseline: float = 0.2
-    telemetry_grace: float = 10.0
-
-
-def hashmod(name: str, modulus: int) -> int:
-    """Prometheus' ``hashmod`` relabel action on one label value: the last 8 bytes of the md5
-    digest as a big-endian unsigned integer, modulo ``modulus`` -- so an operator can check which
-    shard owns a job with the same relabel rule, and ownership depends on the name alone."""
-    digest = hashlib.md5(name.encode("utf-8"), usedforsecurity=False).digest()
-    return int.from_bytes(digest[8:], "big") % modulus
-
-
-@dataclass(frozen=True)
-class Serving:
-    """What this process serves (``--scope``, ``--shard``): the scopes it reads, and which shard
-    of the jobs' shared trees is its own. The default, both scopes and one shard, is one machine
-    watching everything."""
-
-    scopes: frozenset[str] = frozenset({NODE, SHARED})
-    shard: int = 0
-    shards: int = 1
-
-    @property
-    def default(self) -> bool:
-        return self == Serving()
-
-    @property
-    def scope_label(self) -> str:
-        return ",".join(sorted(self.scopes))
-
-    def owns(self, job: str) -> bool:
-        return self.shards == 1 or hashmod(job, self.shards) == self.shard
-
-    def serves(self, scope: str, job: str) -> bool:
-        """Whether this process reads a tier of ``scope`` of ``job``."""
-        return scope in self.scopes and (scope == NODE or self.owns(job))
-
-    def tracks(self, job: str) -> bool:
-        """Whether ``job`` has any state here: every job has node-scope state on a node (its
-        spool, its telemetry); a shared-scope process keeps only the jobs of its shard."""
-        return NODE in self.scopes or self.owns(job)
-
-
-def parse_serving(scope: str | None, shard: str | None) -> Serving:
-    """``--scope`` (node, shared, or node,shared) and ``--shard`` (i/N); ValueError says why."""
-    scopes = Serving().scopes
-    if scope is not None:
-        names = [name.strip() for name in scope.split(",")]
-        unknown = [name for name in names if name not in (NODE, SHARED)]
-        if unknown:
-            raise ValueError(
-                f"--scope={scope}: expected node, shared or node,shared (got {unknown[0]!r})"
-            )
-        scopes = frozenset(names)
-    if shard is None:
-        return Serving(scopes)
-    match = re.fullmatch(r"(\d+)/(\d+)", shard.strip())
-    if match is None:
-        raise ValueError(f"--shard={shard}: expected i/N, e.g. 0/4 (shard i of N, 0 <= i < N)")
-    index, count = int(match.group(1)), int(match.group(2))
-    if count < 1:
-        raise ValueError(f"--shard={shard}: the number of shards must be at least 1")
-    if index >= count:
-        raise ValueError(f"--shard={shard}: the shard index must be below {count} (0 <= i < N)")
-    if SHARED not in scopes:
-        raise ValueError(
-            f"--shard={shard} needs the shared scope: a --scope=node process serves every job "
-            "on its node, and only shared trees are split between shards"
-        )
-    return Serving(scopes, index, count)
-
-
-@dataclass(frozen=True)
-class Config:
-    source: Path | None = None
-    web: WebConfig = field(default_factory=WebConfig)
-    paths: PathsConfig = field(default_factory=PathsConfig)
-    spool: Path = Path("/var/lib/checkpoint-exporter/spool")
-    spool_retention: float = 7 * 86400.0  # spool files untouched this long are removed
-    telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
-    scan: ScanConfig = field(default_factory=ScanConfig)
-    defaults: Policy = field(default_factory=Policy)
-    jobs: tuple[JobConfig, ...] = ()
-    discover: tuple[DiscoverConfig, ...] = ()
-    serving: Serving = field(default_factory=Serving)  # from the flags, not the file
-    diagnosis: DiagnosisThresholds = field(default_factory=DiagnosisThresholds)
-    # What is worth saying but stops nothing (a watched directory that does not exist yet).
-    warnings: tuple[ConfigProblem, ...] = ()
-
 
 # --- values -------------------------------------------------------------------------------
 
@@ -437,48 +179,6 @@ def _optional(parse: Parser) -> Parser:
     return lambda value: None if value is None else parse(value)
 
 
-# --- the key tables -------------------------------------------------------------------------
-
-POLICY_FIELDS = (
-    Field("interval", positive_duration),
-    Field("deadline", positive_duration),
-    Field("retained_generations", whole_number(1, MAX_COUNT)),
-    Field("capacity_reserve", fraction),
-    Field("restore_drill_max_age", positive_duration),
-    Field("layout", choice(LAYOUTS)),
-    Field("watch", choice(WATCH_MODES)),
-    Field("poll_interval", positive_duration),
-    Field("verify_checksums", boolean),
-    Field("settle", positive_duration),
-    Field("scope", choice(SCOPE_CHOICES)),
-    Field("mtbf", _optional(positive_duration)),
-    Field("abandon_after", positive_duration),
-    Field("abort_after", _optional(positive_duration)),
-    Field("finished", boolean),
-    Field("page", boolean),
-    Field("spool_owner", _spool_owner),
-)
-_POLICY_KEYS = {f.key for f in POLICY_FIELDS}
-# A discovered job pages only when these were stated for it (not left to the built-in defaults).
-OBJECTIVE_KEYS = frozenset({"interval", "deadline"})
-
-TELEMETRY_FIELDS = (
-    Field("sample_interval", positive_duration),
-    Field("network_devices", regex),
-    Field("infiniband", boolean),
-    Field("gpu", choice(GPU_MODES)),
-    Field("retention", positive_duration),
-)
-
-SCAN_FIELDS = (
-    Field("metadata_ops_per_second", rate(MAX_OPS_PER_SECOND)),
-    Field("reconcile_interval", positive_duration),
-    Field("max_depth", whole_number(1, MAX_SCAN_DEPTH)),
-    Field("checksum_bytes_per_second", rate(MAX_BYTES_PER_SECOND)),
-    Field("metadata_memory_bytes", whole_number(64 << 20, 1 << 40)),
-)
-
-
 def _share(value: object) -> float:
     """A share of a save's time or of a baseline, in (0, 1]."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
@@ -496,58 +196,407 @@ def _growth(value: object) -> float:
     return float(value)
 
 
-DIAGNOSIS_FIELDS = (
-    Field("straggler_share", _share),
-    Field("straggler_seconds", positive_duration),
-    Field("commit_share", _share),
-    Field("commit_seconds", positive_duration),
-    Field("staging_share", _share),
-    Field("staging_seconds", positive_duration),
-    Field("staging_network_share", _share),
-    Field("contention_deadline_share", _share),
-    Field("backlog_saves", whole_number(2, 12)),  # a job remembers 12 saves
-    Field("backlog_growth", _growth),
-    Field("backlog_in_flight", whole_number(1, MAX_COUNT)),
-    Field("backlog_seconds", positive_duration),
-    Field("gpu_share", _share),
-    Field("gpu_baseline", _share),
-    Field("telemetry_grace", positive_duration),
-)
-
-# config_file is added where the base directory of relative paths is known.
-WEB_FIELDS = (
-    Field("listen_address", _listen_address),
-    Field("telemetry_path", _telemetry_path),
-)
-
-# Sections parsed on their own below, and the top-level values parsed here.
-_TOP_SECTIONS = ("web", "paths", "telemetry", "scan", "defaults", "jobs", "discover", "diagnosis")
+# --- one declaration per key ------------------------------------------------------------------
+#
+# Each mapping of the file is a frozen dataclass, and each of its fields that is a key of the
+# file says so in its metadata (``_key`` and the shorthands below): how the file's value is
+# parsed, whether the key is required, how check-config prints it. The schema helper's table
+# (``key_fields``) and check-config's resolved view (``dumped``) are both read from the fields,
+# so a key is declared once: add a field with its metadata, and it is accepted and printed.
 
 
-def _top_fields(path: Parser) -> tuple[Field, ...]:
-    return (
-        *(Field(key) for key in _TOP_SECTIONS),
-        Field("spool", path),
-        Field("spool_retention", positive_duration),
+def _as_given(value: Any) -> Any:
+    return value
+
+
+@dataclass(frozen=True)
+class _Key:
+    """What the metadata of a dataclass field that is a config key says about it."""
+
+    parse: Parser | None  # None: taken as it is (a section or list parsed on its own)
+    required: bool = False
+    path: bool = False  # a path, relative to the file's directory: parsed per file
+    optional: bool = False  # (a path) null is allowed and means none
+    dump: Callable[[Any], Any] = _as_given  # its value as check-config prints it
+    shown: str | None = None  # the attribute printed instead of the field (a resolved value)
+    inline: type | None = None  # a dataclass whose keys sit in this mapping (a job's policy)
+
+
+_KEY = "config_key"  # the metadata entry that holds a field's _Key
+Metadata = dict[str, _Key]
+
+
+def _key(
+    parse: Parser, *, required: bool = False, dump: Callable[[Any], Any] = _as_given
+) -> Metadata:
+    """A key whose value ``parse`` reads, printed by ``dump``."""
+    return {_KEY: _Key(parse, required, dump=dump)}
+
+
+def _optional_duration(value: float | None) -> str | None:
+    return None if value is None else format_duration(value)
+
+
+def _duration(*, optional: bool = False, shown: str | None = None) -> Metadata:
+    """A duration (``90s``, ``15m``); ``optional``: null is allowed and means none."""
+    if optional:
+        return {_KEY: _Key(_optional(positive_duration), dump=_optional_duration, shown=shown)}
+    return {_KEY: _Key(positive_duration, dump=format_duration, shown=shown)}
+
+
+def _optional_path(value: Path | None) -> str | None:
+    return str(value) if value else None
+
+
+def _path(*, required: bool = False, optional: bool = False) -> Metadata:
+    """A path; a relative one is relative to the file's directory, so it is parsed per file."""
+    dump = _optional_path if optional else str
+    return {_KEY: _Key(None, required, path=True, optional=optional, dump=dump)}
+
+
+def _section() -> Metadata:
+    """A mapping of its own (``web:``, ``telemetry:``), read with its dataclass' table."""
+    return {_KEY: _Key(None, dump=dumped)}
+
+
+def _entries() -> Metadata:
+    """A list of mappings (``jobs:``, ``discover:``), each read with its dataclass' table."""
+    return {_KEY: _Key(None, dump=lambda entries: [dumped(entry) for entry in entries])}
+
+
+def _inline(cls: type) -> Metadata:
+    """A dataclass whose keys are stated in this mapping itself (a job's policy)."""
+    return {_KEY: _Key(None, inline=cls)}
+
+
+def _keys_of(cls: type) -> list[tuple[str, _Key]]:
+    """(key, its declaration) for each field of dataclass ``cls`` that is a config key."""
+    return [(f.name, f.metadata[_KEY]) for f in fields(cls) if _KEY in f.metadata]
+
+
+def key_fields(cls: type, path: Parser | None = None) -> tuple[Field, ...]:
+    """The schema helper's table of ``cls``'s keys; ``path`` parses the file's paths (relative
+    to its directory). An inline dataclass' keys follow the field that holds it."""
+    table: list[Field] = []
+    for name, spec in _keys_of(cls):
+        if spec.inline is not None:
+            table.extend(key_fields(spec.inline, path))
+            continue
+        parse = spec.parse or _as_given
+        if spec.path:
+            if path is None:
+                raise TypeError(f"{cls.__name__}.{name} is a path: give the file's path parser")
+            parse = _optional(path) if spec.optional else path
+        table.append(Field(name, parse, spec.required))
+    return tuple(table)
+
+
+def key_names(cls: type) -> frozenset[str]:
+    """The keys of ``cls``'s mapping, inline ones included."""
+    return frozenset(f.key for f in key_fields(cls, path=_as_given))
+
+
+def _values_of(cls: type, values: dict[str, Any]) -> dict[str, Any]:
+    """The parsed ``values`` that are ``cls``'s own keys and not sections or lists: what
+    constructs it over its dataclass defaults."""
+    return {
+        name: values[name]
+        for name, spec in _keys_of(cls)
+        if name in values and (spec.parse is not None or spec.path)
+    }
+
+
+def dumped(value: Any) -> dict[str, Any]:
+    """Every key of dataclass ``value``, in field order, as check-config prints it."""
+    out: dict[str, Any] = {}
+    for name, spec in _keys_of(type(value)):
+        if spec.inline is not None:
+            out.update(dumped(getattr(value, name)))
+        else:
+            out[name] = spec.dump(getattr(value, spec.shown or name))
+    return out
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The objectives and knobs a job inherits from ``defaults`` and may override."""
+
+    interval: float = field(default=15 * 60.0, metadata=_duration())
+    deadline: float = field(default=60.0, metadata=_duration())
+    retained_generations: int = field(default=3, metadata=_key(whole_number(1, MAX_COUNT)))
+    capacity_reserve: float = field(default=0.20, metadata=_key(fraction))
+    restore_drill_max_age: float = field(default=7 * 86400.0, metadata=_duration())
+    layout: str = field(default="auto", metadata=_key(choice(LAYOUTS)))
+    watch: str = field(default="auto", metadata=_key(choice(WATCH_MODES)))
+    # Rescan period when polling (network filesystems)
+    poll_interval: float = field(default=5.0, metadata=_duration())
+    # Megatron integrity.json sha256, read at a capped rate
+    verify_checksums: bool = field(default=False, metadata=_key(boolean))
+    # How long a generation with no commit marker (a single-file checkpoint, DeepSpeed without
+    # `latest`) must stay unchanged before it is judged: long enough that a copy or a slow
+    # writer between two chunks is not taken for finished, short next to any deadline.
+    settle: float = field(default=5.0, metadata=_duration())
+    # The scope of the job's durable tier (``path``): auto decides from its mount. A staging
+    # tier is always scoped from its mount (it is node-local storage, or a shared fast tier).
+    scope: str = field(default="auto", metadata=_key(choice(SCOPE_CHOICES)))
+    # Mean time between failures that stop the job (a restart from the newest checkpoint): the
+    # input of Young's and Daly's intervals. None: not stated, no interval advice.
+    mtbf: float | None = field(default=None, metadata=_duration(optional=True))
+    # A job with no sign of life (heartbeat, spool event, write in its tree) for this long is
+    # presumed gone: its checkpoints stop paging, and a ticket names it.
+    abandon_after: float = field(default=86400.0, metadata=_duration())
+    # A save in progress with nothing moved for this long is aborted (None: twice the deadline,
+    # at least MIN_ABORT_AFTER). Slower than the deadline is late, not aborted: a slow commit
+    # writes nothing for a while, then commits.
+    abort_after: float | None = field(
+        default=None, metadata=_duration(optional=True, shown="abort_seconds")
+    )
+    # The job ended (a job that is not instrumented cannot say so itself): nothing pages for it.
+    finished: bool = field(default=False, metadata=_key(boolean))
+    # Whether its failures page (critical) or open tickets (warning). Resolved when the file is
+    # read: a configured job pages; a discovered one pages only where its objectives (interval
+    # and deadline) were stated, in its discover entry or in `defaults:`.
+    page: bool = field(default=True, metadata=_key(boolean))
+    # The uids whose spool directories are the job's (a tenant may make another job's first);
+    # () leaves it to the owner of the job's checkpoint tree (see sources/spool.py).
+    spool_owner: tuple[int, ...] = field(default=(), metadata=_key(_spool_owner, dump=list))
+
+    @property
+    def abort_seconds(self) -> float:
+        """Seconds without progress after which a save in progress is aborted."""
+        if self.abort_after is not None:
+            return self.abort_after
+        return max(2 * self.deadline, MIN_ABORT_AFTER)
+
+
+@dataclass(frozen=True)
+class ScanConfig:
+    """How hard the scanner may work shared storage."""
+
+    # On network filesystems; 0 = no limit
+    metadata_ops_per_second: float = field(default=10_000, metadata=_key(rate(MAX_OPS_PER_SECOND)))
+    # Full relisting, also after an inotify overflow
+    reconcile_interval: float = field(default=3600.0, metadata=_duration())
+    max_depth: int = field(default=8, metadata=_key(whole_number(1, MAX_SCAN_DEPTH)))
+    checksum_bytes_per_second: float = field(
+        default=200e6, metadata=_key(rate(MAX_BYTES_PER_SECOND))
+    )
+    # Address space of the worker that parses DCP .metadata (see dcp_metadata.IsolatedParser):
+    # a real file needs up to about 16 times its size, so 768 MiB checks files up to ~40 MiB.
+    # The pod's memory limit must leave this much beside the daemon.
+    metadata_memory_bytes: int = field(
+        default=768 * 1024 * 1024, metadata=_key(whole_number(64 << 20, 1 << 40))
     )
 
 
-def _job_fields(path: Parser) -> tuple[Field, ...]:
-    return (
-        Field("name", _job_name, required=True),
-        Field("path", path, required=True),
-        Field("staging", _optional(path)),
-        *POLICY_FIELDS,
-    )
+@dataclass(frozen=True)
+class JobConfig:
+    name: str = field(metadata=_key(_job_name, required=True))
+    path: Path = field(metadata=_path(required=True))
+    staging: Path | None = field(default=None, metadata=_path(optional=True))
+    policy: Policy = field(default_factory=Policy, metadata=_inline(Policy))
 
 
-def _discover_fields(path: Parser) -> tuple[Field, ...]:
-    return (
-        Field("root", path, required=True),
-        Field("max_jobs", whole_number(1, MAX_COUNT), default=200),
-        Field("forget_after", positive_duration, default=86400.0),
-        *POLICY_FIELDS,
-    )
+@dataclass(frozen=True)
+class DiscoverConfig:
+    root: Path = field(metadata=_path(required=True))
+    max_jobs: int = field(default=200, metadata=_key(whole_number(1, MAX_COUNT)))
+    forget_after: float = field(default=86400.0, metadata=_duration())
+    policy: Policy = field(default_factory=Policy, metadata=_inline(Policy))
+
+
+@dataclass(frozen=True)
+class ListenAddress:
+    host: str  # "" means every interface
+    port: int
+
+    def __str__(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class WebConfig:
+    listen_address: str = field(default=DEFAULT_LISTEN_ADDRESS, metadata=_key(_listen_address))
+    telemetry_path: str = field(default="/metrics", metadata=_key(_telemetry_path))
+    config_file: Path | None = field(default=None, metadata=_path(optional=True))
+
+
+@dataclass(frozen=True)
+class PathsConfig:
+    procfs: Path = field(default=Path("/proc"), metadata=_path())
+    sysfs: Path = field(default=Path("/sys"), metadata=_path())
+    # Accepted from 0.1 configs and flags; nothing reads it
+    rootfs: Path = field(default=Path("/"), metadata=_path())
+
+
+@dataclass(frozen=True)
+class TelemetryConfig:
+    sample_interval: float = field(default=1.0, metadata=_duration())
+    network_devices: str = field(default="^(eth|en|ib|mlx|bond)", metadata=_key(regex))
+    infiniband: bool = field(default=True, metadata=_key(boolean))
+    gpu: str = field(default="auto", metadata=_key(choice(GPU_MODES)))
+    # How far back samples are kept: the longest save to correlate
+    retention: float = field(default=3600.0, metadata=_duration())
+
+
+@dataclass(frozen=True)
+class DiagnosisThresholds:
+    """When a finished save is diagnosed with a symptom of the seed article's bottleneck matrix
+    (section 7; core/diagnosis.py applies them, docs/runbooks.md argues them per symptom).
+
+    Every share has an absolute floor beside it, so a one-second save's noise (thread start-up,
+    a scheduler tick) never reads as a bottleneck, and a clean save -- phases in proportion,
+    ranks within a fraction of a second, no neighbour, GPUs as busy as before -- has none.
+
+    - ``straggler_share`` / ``straggler_seconds``: the spread of the local ranks' write ends is
+      over 25 % of the save's total and over 1 s. Ranks of one balanced save finish within a
+      few percent of each other; a quarter of the save spent waiting for one rank is the
+      matrix's "one server finishes much later".
+    - ``commit_share`` / ``commit_seconds``: the final completion after the last rank's payload
+      write (commit marker, metadata, rename) takes over half the total and over 1 s: more time
+      finishing than moving bytes is "fast payload write, slow final completion".
+    - ``staging_share`` / ``staging_seconds``: training was held before any payload moved (the
+      shorter of the pause and the staging phase) for over half the total and over 1 s; when
+      network telemetry saw traffic in the window, at most ``staging_network_share`` (25 %) of
+      it came during that stall ("the pause passes before network traffic rises"). A
+      synchronous save (resume not before written) holds training through its write by design:
+      its stall is the staging phase alone, and only network evidence can say it was staging.
+    - ``contention_deadline_share``: the save took over 80 % of its deadline while another
+      job's save overlapped it, no local cause (straggler, commit, staging) explains it, and the
+      job's recent saves without an overlapping neighbour stayed under that share (their
+      median): "single job is fast, several jobs miss the window". 80 % is the margin an
+      operator is told to keep; a save that only overlaps is not a symptom.
+    - ``backlog_saves`` / ``backlog_growth`` / ``backlog_in_flight``: the last 3 saves each took
+      longer than the one before, the newest at least 1.5 times the oldest of them, and at least
+      one more generation was still in flight (in progress, or committed on staging and not yet
+      drained) when this one ended: "async saves become progressively slower". Waiting staged
+      generations count only where both tiers are read (a process reading staging alone cannot
+      tell a retained, drained generation from one waiting). ``backlog_seconds``: and the newest
+      took over 1 s longer than the oldest of them, so sub-second jitter of short saves that
+      happens to rise three times running is not a backlog.
+    - ``gpu_share`` / ``gpu_baseline``: mean GPU utilisation in the window under half its
+      baseline just before the save, when that baseline was at least 20 % (an idle GPU cannot
+      be disturbed): "training slows only during storage writes". The pause (GPUs idle by
+      design) is discounted: the bound on the time after the resume, mean x window / (window -
+      pause), must be under it, and a pause of half the window or more is not judged.
+    - ``telemetry_grace``: how long after a save's end its diagnosis waits for the window's
+      telemetry (the sampler correlates it 1.5 samples after the end) before it is made without.
+    """
+
+    straggler_share: float = field(default=0.25, metadata=_key(_share))
+    straggler_seconds: float = field(default=1.0, metadata=_duration())
+    commit_share: float = field(default=0.5, metadata=_key(_share))
+    commit_seconds: float = field(default=1.0, metadata=_duration())
+    staging_share: float = field(default=0.5, metadata=_key(_share))
+    staging_seconds: float = field(default=1.0, metadata=_duration())
+    staging_network_share: float = field(default=0.25, metadata=_key(_share))
+    contention_deadline_share: float = field(default=0.8, metadata=_key(_share))
+    backlog_saves: int = field(default=3, metadata=_key(whole_number(2, 12)))
+    backlog_growth: float = field(default=1.5, metadata=_key(_growth))
+    backlog_in_flight: int = field(default=1, metadata=_key(whole_number(1, MAX_COUNT)))
+    backlog_seconds: float = field(default=1.0, metadata=_duration())
+    gpu_share: float = field(default=0.5, metadata=_key(_share))
+    gpu_baseline: float = field(default=0.2, metadata=_key(_share))
+    telemetry_grace: float = field(default=10.0, metadata=_duration())
+
+
+def hashmod(name: str, modulus: int) -> int:
+    """Prometheus' ``hashmod`` relabel action on one label value: the last 8 bytes of the md5
+    digest as a big-endian unsigned integer, modulo ``modulus`` -- so an operator can check which
+    shard owns a job with the same relabel rule, and ownership depends on the name alone."""
+    digest = hashlib.md5(name.encode("utf-8"), usedforsecurity=False).digest()
+    return int.from_bytes(digest[8:], "big") % modulus
+
+
+@dataclass(frozen=True)
+class Serving:
+    """What this process serves (``--scope``, ``--shard``): the scopes it reads, and which shard
+    of the jobs' shared trees is its own. The default, both scopes and one shard, is one machine
+    watching everything."""
+
+    scopes: frozenset[str] = frozenset({NODE, SHARED})
+    shard: int = 0
+    shards: int = 1
+
+    @property
+    def default(self) -> bool:
+        return self == Serving()
+
+    @property
+    def scope_label(self) -> str:
+        return ",".join(sorted(self.scopes))
+
+    def owns(self, job: str) -> bool:
+        return self.shards == 1 or hashmod(job, self.shards) == self.shard
+
+    def serves(self, scope: str, job: str) -> bool:
+        """Whether this process reads a tier of ``scope`` of ``job``."""
+        return scope in self.scopes and (scope == NODE or self.owns(job))
+
+    def tracks(self, job: str) -> bool:
+        """Whether ``job`` has any state here: every job has node-scope state on a node (its
+        spool, its telemetry); a shared-scope process keeps only the jobs of its shard."""
+        return NODE in self.scopes or self.owns(job)
+
+
+def parse_serving(scope: str | None, shard: str | None) -> Serving:
+    """``--scope`` (node, shared, or node,shared) and ``--shard`` (i/N); ValueError says why."""
+    scopes = Serving().scopes
+    if scope is not None:
+        names = [name.strip() for name in scope.split(",")]
+        unknown = [name for name in names if name not in (NODE, SHARED)]
+        if unknown:
+            raise ValueError(
+                f"--scope={scope}: expected node, shared or node,shared (got {unknown[0]!r})"
+            )
+        scopes = frozenset(names)
+    if shard is None:
+        return Serving(scopes)
+    match = re.fullmatch(r"(\d+)/(\d+)", shard.strip())
+    if match is None:
+        raise ValueError(f"--shard={shard}: expected i/N, e.g. 0/4 (shard i of N, 0 <= i < N)")
+    index, count = int(match.group(1)), int(match.group(2))
+    if count < 1:
+        raise ValueError(f"--shard={shard}: the number of shards must be at least 1")
+    if index >= count:
+        raise ValueError(f"--shard={shard}: the shard index must be below {count} (0 <= i < N)")
+    if SHARED not in scopes:
+        raise ValueError(
+            f"--shard={shard} needs the shared scope: a --scope=node process serves every job "
+            "on its node, and only shared trees are split between shards"
+        )
+    return Serving(scopes, index, count)
+
+
+@dataclass(frozen=True)
+class Config:
+    source: Path | None = None
+    web: WebConfig = field(default_factory=WebConfig, metadata=_section())
+    paths: PathsConfig = field(default_factory=PathsConfig, metadata=_section())
+    spool: Path = field(default=Path("/var/lib/checkpoint-exporter/spool"), metadata=_path())
+    # Spool files untouched this long are removed.
+    spool_retention: float = field(default=7 * 86400.0, metadata=_duration())
+    telemetry: TelemetryConfig = field(default_factory=TelemetryConfig, metadata=_section())
+    scan: ScanConfig = field(default_factory=ScanConfig, metadata=_section())
+    defaults: Policy = field(default_factory=Policy, metadata=_section())
+    diagnosis: DiagnosisThresholds = field(default_factory=DiagnosisThresholds, metadata=_section())
+    jobs: tuple[JobConfig, ...] = field(default=(), metadata=_entries())
+    discover: tuple[DiscoverConfig, ...] = field(default=(), metadata=_entries())
+    serving: Serving = field(default_factory=Serving)  # from the flags, not the file
+    # What is worth saying but stops nothing (a watched directory that does not exist yet).
+    warnings: tuple[ConfigProblem, ...] = ()
+
+
+# --- the key tables, read from the dataclasses --------------------------------------------------
+
+POLICY_FIELDS = key_fields(Policy)
+_POLICY_KEYS = key_names(Policy)
+# A discovered job pages only when these were stated for it (not left to the built-in defaults).
+OBJECTIVE_KEYS = frozenset({"interval", "deadline"})
+TELEMETRY_FIELDS = key_fields(TelemetryConfig)
+SCAN_FIELDS = key_fields(ScanConfig)
+DIAGNOSIS_FIELDS = key_fields(DiagnosisThresholds)
 
 
 # --- checks beyond one value ------------------------------------------------------------------
@@ -643,9 +692,7 @@ def _policy(values: dict[str, Any], base: Policy) -> Policy:
 def _web(
     problems: Problems, raw: object, path: Parser, other_files: list[ConfigProblem]
 ) -> WebConfig:
-    web = WebConfig(
-        **problems.check(raw, ("web",), (*WEB_FIELDS, Field("config_file", _optional(path))))
-    )
+    web = WebConfig(**problems.check(raw, ("web",), key_fields(WebConfig, path)))
     if web.config_file is not None and not os.access(web.config_file, os.R_OK):
         problems.add(("web", "config_file"), f"{web.config_file} does not exist or is not readable")
     elif web.config_file is not None:
@@ -684,37 +731,28 @@ def _parse(
     serving: Serving,
 ) -> Config:
     path = _path_parser(base_dir)
-    top = problems.check(data, (), _top_fields(path))
-    web = _web(problems, top.get("web"), path, other_files)
-    paths = PathsConfig(
-        **problems.check(
-            top.get("paths"),
-            ("paths",),
-            (Field("procfs", path), Field("sysfs", path), Field("rootfs", path)),
-        )
-    )
-    telemetry = _telemetry(problems, top.get("telemetry"))
-    scan = ScanConfig(**problems.check(top.get("scan"), ("scan",), SCAN_FIELDS))
+    top = problems.check(data, (), key_fields(Config, path))
     stated = problems.check(top.get("defaults"), ("defaults",), POLICY_FIELDS)
     defaults = _policy(stated, Policy())
-    config = Config(
+    return Config(
         source=None,
-        web=web,
-        paths=paths,
-        telemetry=telemetry,
-        scan=scan,
+        web=_web(problems, top.get("web"), path, other_files),
+        paths=PathsConfig(
+            **problems.check(top.get("paths"), ("paths",), key_fields(PathsConfig, path))
+        ),
+        telemetry=_telemetry(problems, top.get("telemetry")),
+        scan=ScanConfig(**problems.check(top.get("scan"), ("scan",), SCAN_FIELDS)),
         defaults=defaults,
+        diagnosis=DiagnosisThresholds(
+            **problems.check(top.get("diagnosis"), ("diagnosis",), DIAGNOSIS_FIELDS)
+        ),
         jobs=_jobs(problems, notes, top.get("jobs"), path, defaults, serving),
         discover=_discover(
             problems, notes, top.get("discover"), path, defaults, set(stated), serving
         ),
         serving=serving,
-        diagnosis=DiagnosisThresholds(
-            **problems.check(top.get("diagnosis"), ("diagnosis",), DIAGNOSIS_FIELDS)
-        ),
+        **_values_of(Config, top),  # the values at the top (spool, spool_retention)
     )
-    overrides = {key: top[key] for key in ("spool", "spool_retention") if key in top}
-    return replace(config, **overrides)
 
 
 def _list(problems: Problems, raw: object, key: str) -> list[object]:
@@ -734,14 +772,15 @@ def _jobs(
     defaults: Policy,
     serving: Serving,
 ) -> tuple[JobConfig, ...]:
-    fields = _job_fields(path)
+    table = key_fields(JobConfig, path)
+    required = [f.key for f in table if f.required]
     jobs: list[JobConfig] = []
     names: dict[str, int] = {}
     watched: dict[Path, KeyPath] = {}
     checks = _DirectoryChecks()
     for index, entry in enumerate(_list(problems, raw, "jobs")):
         at: KeyPath = ("jobs", index)
-        values = problems.check(entry, at, fields)
+        values = problems.check(entry, at, table)
         name = values.get("name")
         if name is not None:
             if name in names:
@@ -761,9 +800,9 @@ def _jobs(
                     f"{directory} is already watched as {format_key(watched[resolved])}",
                 )
             watched.setdefault(resolved, (*at, tier_key))
-        if name is not None and "path" in values:
+        if all(key in values for key in required):
             jobs.append(
-                JobConfig(name, values["path"], values.get("staging"), _policy(values, defaults))
+                JobConfig(**_values_of(JobConfig, values), policy=_policy(values, defaults))
             )
     return tuple(jobs)
 
@@ -777,12 +816,12 @@ def _discover(
     stated_defaults: set[str],
     serving: Serving,
 ) -> tuple[DiscoverConfig, ...]:
-    fields = _discover_fields(path)
+    table = key_fields(DiscoverConfig, path)
     entries: list[DiscoverConfig] = []
     checks = _DirectoryChecks()
     for index, entry in enumerate(_list(problems, raw, "discover")):
         at: KeyPath = ("discover", index)
-        values = problems.check(entry, at, fields)
+        values = problems.check(entry, at, table)
         if "root" not in values:
             continue
         if _checked(serving, values.get("scope", defaults.scope), None):
@@ -792,14 +831,7 @@ def _discover(
             # Every run under a root is held to the objectives stated for the root; where none
             # were, the built-in defaults are a guess, and a guess must not page anyone.
             policy = replace(policy, page=(set(values) | stated_defaults) >= OBJECTIVE_KEYS)
-        entries.append(
-            DiscoverConfig(
-                root=values["root"],
-                max_jobs=values["max_jobs"],
-                forget_after=values["forget_after"],
-                policy=policy,
-            )
-        )
+        entries.append(DiscoverConfig(**_values_of(DiscoverConfig, values), policy=policy))
     return tuple(entries)
 
 
@@ -854,78 +886,6 @@ def load_web_section(path: str | os.PathLike[str]) -> WebConfig:
 # --- the resolved view that check-config prints ----------------------------------------------
 
 
-def _policy_dict(policy: Policy) -> dict[str, Any]:
-    return {
-        "interval": format_duration(policy.interval),
-        "deadline": format_duration(policy.deadline),
-        "retained_generations": policy.retained_generations,
-        "capacity_reserve": policy.capacity_reserve,
-        "restore_drill_max_age": format_duration(policy.restore_drill_max_age),
-        "layout": policy.layout,
-        "watch": policy.watch,
-        "poll_interval": format_duration(policy.poll_interval),
-        "verify_checksums": policy.verify_checksums,
-        "settle": format_duration(policy.settle),
-        "scope": policy.scope,
-        "mtbf": None if policy.mtbf is None else format_duration(policy.mtbf),
-        "abandon_after": format_duration(policy.abandon_after),
-        "abort_after": format_duration(policy.abort_seconds),
-        "finished": policy.finished,
-        "page": policy.page,
-        "spool_owner": list(policy.spool_owner),
-    }
-
-
 def config_to_dict(config: Config) -> dict[str, Any]:
     """Every setting with defaults filled in, in the file's own notation."""
-    return {
-        "web": {
-            "listen_address": config.web.listen_address,
-            "telemetry_path": config.web.telemetry_path,
-            "config_file": str(config.web.config_file) if config.web.config_file else None,
-        },
-        "paths": {k: str(getattr(config.paths, k)) for k in ("procfs", "sysfs", "rootfs")},
-        "spool": str(config.spool),
-        "spool_retention": format_duration(config.spool_retention),
-        "telemetry": {
-            "sample_interval": format_duration(config.telemetry.sample_interval),
-            "network_devices": config.telemetry.network_devices,
-            "infiniband": config.telemetry.infiniband,
-            "gpu": config.telemetry.gpu,
-            "retention": format_duration(config.telemetry.retention),
-        },
-        "scan": {
-            "metadata_ops_per_second": config.scan.metadata_ops_per_second,
-            "reconcile_interval": format_duration(config.scan.reconcile_interval),
-            "max_depth": config.scan.max_depth,
-            "checksum_bytes_per_second": config.scan.checksum_bytes_per_second,
-            "metadata_memory_bytes": config.scan.metadata_memory_bytes,
-        },
-        "defaults": _policy_dict(config.defaults),
-        "diagnosis": {
-            f.key: (
-                format_duration(getattr(config.diagnosis, f.key))
-                if f.parse is positive_duration
-                else getattr(config.diagnosis, f.key)
-            )
-            for f in DIAGNOSIS_FIELDS
-        },
-        "jobs": [
-            {
-                "name": job.name,
-                "path": str(job.path),
-                "staging": str(job.staging) if job.staging else None,
-                **_policy_dict(job.policy),
-            }
-            for job in config.jobs
-        ],
-        "discover": [
-            {
-                "root": str(entry.root),
-                "max_jobs": entry.max_jobs,
-                "forget_after": format_duration(entry.forget_after),
-                **_policy_dict(entry.policy),
-            }
-            for entry in config.discover
-        ],
-    }
+    return dumped(config)
