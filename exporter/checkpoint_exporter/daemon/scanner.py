@@ -58,7 +58,7 @@ from checkpoint_exporter.core.tracker import (
 )
 from checkpoint_exporter.daemon.timers import TimerQueue
 from checkpoint_exporter.daemon.validator import RETRY_UNCHECKED_SECONDS, Validator
-from checkpoint_exporter.daemon.workers import MountWorker
+from checkpoint_exporter.daemon.workers import MountWorker, TaskFailed
 from checkpoint_exporter.events import Event
 from checkpoint_exporter.model import DURABLE, DaemonState, Verdict, WatchedPath
 from checkpoint_exporter.sources import dcp_metadata, fsread, layouts
@@ -253,6 +253,7 @@ class Scanner:
         self._scans = Histogram(SCAN_BUCKETS)
         self._scan_errors = 0
         self._overflows = 0
+        self._task_failures: dict[str, int] = {}  # by mountpoint: worker tasks that raised
         self._timers: TimerQueue[tuple[str, ...]] = TimerQueue()
         # Everything other threads hand the core: watch events, worker results, reloads.
         self._inbox: queue.SimpleQueue[object] = queue.SimpleQueue()
@@ -282,7 +283,7 @@ class Scanner:
         self._sources: dict[str, _Source] = {}
         self._discoveries = [_Discovery(entry) for entry in config.discover]
         self._changed_jobs: set[str] = set()  # to publish
-        self._reads: dict[str, list[tuple[Callable[[], _Read], TreeReader]]] = {}  # to send
+        self._reads: dict[str, list[tuple[Callable[[], _Read], _Tier]]] = {}  # to send
         self._held: set[str] = set()  # jobs whose just-committed files are being read again
         self._republish = True
         self._health: tuple[object, ...] | None = None  # ready, first_scans, mounts, scan_success
@@ -430,6 +431,8 @@ class Scanner:
             self._listed(item)
         elif isinstance(item, _Probed):
             self._probed(item)
+        elif isinstance(item, TaskFailed):
+            self._task_failed(item)
         elif isinstance(item, tuple):
             kind, *args = item
             if kind == "changed":
@@ -443,6 +446,18 @@ class Scanner:
             elif kind == "reload failed":
                 self._reload = (False, self._reload[1])
                 self._republish = True
+
+    def _task_failed(self, failed: TaskFailed) -> None:
+        """A worker task raised (a bug): logged here, once, counted, and what the core set up
+        for it undone through its fallback (a read batch's tiers read again, a listing retried)."""
+        mountpoint = failed.mountpoint
+        self._task_failures[mountpoint] = self._task_failures.get(mountpoint, 0) + 1
+        self._republish = True
+        log.error("task %r on the worker of %s failed", failed.task,
+                  mountpoint or "(unknown mount)", exc_info=failed.error)  # fmt: skip
+        self._unstick(mountpoint)  # its worker answered
+        if failed.fallback is not None:
+            self._receive(failed.fallback)
 
     def _due(self, key: tuple[str, ...], now: float) -> None:
         kind = key[0]
@@ -565,7 +580,9 @@ class Scanner:
         for tier in tiers:
             if self._outside(tier):
                 continue  # not even placed: placing stats the path
-            self._worker(tier.worker).submit(lambda tier=tier: self._place(tier, policy))
+            self._worker(tier.worker).submit(
+                lambda tier=tier: self._place(tier, policy), name=f"place {tier.path}"
+            )
             # Placing stats the path: a mount hung before the start is found stuck here.
             self._timers.soon(("stuck", tier.worker), time.monotonic() + STUCK_SECONDS)
         self._health = self._reserves = None
@@ -715,7 +732,11 @@ class Scanner:
             return
         discovery.listing = True
         known = frozenset(n for n, src in self._sources.items() if src.discovered_from == root)
-        worker.submit(lambda: _list_jobs(discovery, root, known))
+        worker.submit(
+            lambda: _list_jobs(discovery, root, known),
+            name=f"list discover root {root}",
+            fallback=lambda _: _Listed(discovery, None),  # listed again at its next poll
+        )
         self._timers.soon(("stuck", worker.mountpoint), now + STUCK_SECONDS)
 
     def _lists(self, entry: DiscoverConfig) -> bool:
@@ -864,22 +885,30 @@ class Scanner:
             return _read_tier(tier, hot, force, reconcile if force else 0, touched, final,
                               fixed, options)  # fmt: skip
 
-        self._reads.setdefault(tier.worker, []).append((read, tier.reader))
+        self._reads.setdefault(tier.worker, []).append((read, tier))
         self._timers.soon(("stuck", tier.worker), now + STUCK_SECONDS)
 
     def _send_reads(self) -> None:
         """Hand each worker the reads this turn asked of it as one task: a thread wakes once per
         turn, not once per tier (polls fall due together on the POLL_GRID)."""
         for mountpoint, reads in self._reads.items():
-            readers = [reader for _, reader in reads]
+            readers = [tier.reader for _, tier in reads if tier.reader is not None]
+            tiers = [tier for _, tier in reads]
 
             def progress(readers: list[TreeReader] = readers) -> int:
                 return sum(reader.entries_read for reader in readers)
 
-            def batch(reads: list[tuple[Callable[[], _Read], TreeReader]] = reads) -> list[_Read]:
+            def batch(reads: list[tuple[Callable[[], _Read], _Tier]] = reads) -> list[_Read]:
                 return [read() for read, _ in reads]
 
-            self._workers[mountpoint].submit(batch, progress)
+            def failed(error: Exception, tiers: list[_Tier] = tiers) -> list[_Read]:
+                # Each tier's read failed: read again in full after a pause, as a read that
+                # raised on its own is.
+                return [_failed_read(tier, error) for tier in tiers]
+
+            self._workers[mountpoint].submit(
+                batch, progress, name=f"read {len(reads)} tiers", fallback=failed
+            )
         self._reads = {}
 
     def _read_done(self, result: _Read) -> None:
@@ -1007,7 +1036,9 @@ class Scanner:
         self._timers.at(("probe", mountpoint), now + PROBE_SECONDS)
         if worker.stuck:
             return
-        worker.submit(lambda: _probe_path(mountpoint, roots[0], self.clock))
+        worker.submit(
+            lambda: _probe_path(mountpoint, roots[0], self.clock), name=f"probe {roots[0]}"
+        )
         self._timers.soon(("stuck", mountpoint), now + STUCK_SECONDS)
 
     def _probed(self, probe: _Probed) -> None:
@@ -1306,6 +1337,7 @@ class Scanner:
             scan_success=success,  # type: ignore[arg-type]
             config_reload_successful=reload_ok,
             config_reload_success_time=reload_time,
+            worker_task_failures=tuple(sorted(self._task_failures.items())),
         )
         if self.telemetry is None:
             self.tracker.publish(daemon, changed=self._changed_jobs, held=self._held)
@@ -1352,12 +1384,15 @@ def _read_tier(
             tree, stats = reader.read(hot, force=force, touched=touched)
         found, layout = _found(tier, tree, fixed_layout, options)
     except Exception as error:
-        return _Read(tier, [], frozenset(), 0, None, time.perf_counter() - started, 0,
-                     bool(final), error)  # fmt: skip
+        return _failed_read(tier, error, time.perf_counter() - started, bool(final))
     unreadable = frozenset(path for path, _ in stats.errors)
     return _Read(tier, found, unreadable, len(stats.errors), layout,
                  time.perf_counter() - started, reconcile, bool(final),
                  missing=tree is None and not stats.errors)  # fmt: skip
+
+
+def _failed_read(tier: _Tier, error: Exception, seconds: float = 0.0, final: bool = False) -> _Read:
+    return _Read(tier, [], frozenset(), 0, None, seconds, 0, final, error)
 
 
 def _found(
