@@ -58,7 +58,7 @@ from checkpoint_exporter.core.tracker import (
 )
 from checkpoint_exporter.daemon.timers import TimerQueue
 from checkpoint_exporter.daemon.validator import RETRY_UNCHECKED_SECONDS, Validator
-from checkpoint_exporter.daemon.workers import MountWorker, TaskFailed
+from checkpoint_exporter.daemon.workers import MountWorker, TaskFailed, WorkerFactory
 from checkpoint_exporter.events import Event
 from checkpoint_exporter.model import DURABLE, DaemonState, Verdict, WatchedPath
 from checkpoint_exporter.sources import dcp_metadata, fsread, layouts
@@ -239,7 +239,12 @@ class Scanner:
         watcher_factory: Callable[..., Watcher] | None = Watcher,
         clock: Callable[[], float] = time.time,
         telemetry: NodeTelemetry | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+        worker_factory: WorkerFactory = MountWorker,
     ) -> None:
+        """``clock`` (wall) and ``monotonic`` are the core's clocks (its timers run on
+        ``monotonic``); ``worker_factory`` makes a mount's worker (``InlineWorker`` runs each
+        task as it is submitted: a test drives the loop with ``turn()``, no thread)."""
         self.config = config
         self.serving = config.serving
         self.telemetry = telemetry
@@ -247,6 +252,8 @@ class Scanner:
         self._correlating = telemetry is not None and NODE in self.serving.scopes
         self.tracker = tracker
         self.clock = clock
+        self.monotonic = monotonic
+        self._worker_factory = worker_factory
         self._mounts = read_mounts(config.paths.procfs)
         self._network_budget = OpsBudget(config.scan.metadata_ops_per_second)
         self._local_budget = OpsBudget(0)
@@ -291,12 +298,13 @@ class Scanner:
         self._not_ready = "first pass not started"
         self._reserves: dict[str, float] | None = None
         self._node: tuple[tuple, tuple] = ((), ())  # filesystems, telemetry sources with data
-        self._reload: tuple[bool, float] = (True, time.time())  # successful, success time
+        self._reload: tuple[bool, float] = (True, self.clock())  # successful, success time
         self._spool_writable: bool | None = None  # checked where the spool is read
         # What a reload that changed a discover root knew of its jobs' lives, until each is found
         # again under it (a new tracker, the same job).
         self._lives: dict[str, JobTracker] = {}
         self._spool_checked = -math.inf
+        self._armed = False  # the first turn sets the timers that always run
         for job in config.jobs:
             if self.serving.tracks(job.name):
                 self._add(job.name, job_paths(job), job.policy, None, job)
@@ -361,19 +369,30 @@ class Scanner:
         self._running = True
         self._run()
 
-    def _run(self) -> None:
-        now = time.monotonic()
+    def turn(self) -> None:
+        """One turn of the core loop, without waiting: what arrived, then what is due. The
+        thread calls it in a loop; a test calls it with an ``InlineWorker`` and a fake clock."""
+        if not self._armed:
+            self._arm()
+        self._wake.clear()
+        self._turn()
+
+    def _arm(self) -> None:
+        """The timers that run from the first turn on."""
+        self._armed = True
+        now = self.monotonic()
         if NODE in self.serving.scopes:  # the spool is the node's
             self._timers.at(("spool",), now)
         self._timers.at(("reconcile",), now + self.config.scan.reconcile_interval)
         self._timers.at(("node",), now)
         for index in range(len(self._discoveries)):
             self._timers.at(("discover", str(index)), now)
+
+    def _run(self) -> None:
         failing = False
         while not self._stop.is_set():
-            self._wake.clear()
             try:
-                self._turn()
+                self.turn()
                 failing = False
             except Exception:
                 # Once per run of failures: a persistent fault must not flood the log.
@@ -382,7 +401,7 @@ class Scanner:
                 failing = True
             self._turned_at = time.monotonic()
             due = self._timers.next_due()
-            wait = HEARTBEAT_SECONDS if due is None else due - time.monotonic()
+            wait = HEARTBEAT_SECONDS if due is None else due - self.monotonic()
             self._wake.wait(timeout=min(HEARTBEAT_SECONDS, max(0.0, wait)))
 
     def _turn(self) -> None:
@@ -406,7 +425,7 @@ class Scanner:
             except Exception as error:
                 failed = failed or error
         self._apply_verdicts()
-        now = time.monotonic()
+        now = self.monotonic()
         for key in self._timers.pop_due(now):
             try:
                 self._due(key, now)
@@ -501,7 +520,7 @@ class Scanner:
         source = self._sources.get(name)
         if source is None:
             return
-        now = time.monotonic()
+        now = self.monotonic()
         tiers = [t for t in source.tiers if _contains(t.path, path)] or source.tiers
         for tier in tiers:
             if path.rstrip("/") == tier.path.rstrip("/"):
@@ -518,7 +537,7 @@ class Scanner:
         self._overflows += 1
         self._republish = True
         log.warning("inotify queue overflowed below %s: reconciling", path or "a watch")
-        now = time.monotonic()
+        now = self.monotonic()
         for source in self._sources.values():
             for tier in source.tiers:
                 if path is None or _contains(tier.path, path) or _contains(path, tier.path):
@@ -530,7 +549,7 @@ class Scanner:
         if source is None or self.watcher is None:
             return
         self.watcher.unwatch(name)
-        now = time.monotonic()
+        now = self.monotonic()
         for tier in source.tiers:
             if tier.mode == INOTIFY:
                 tier.mode, tier.reason = POLL, reason
@@ -584,7 +603,7 @@ class Scanner:
                 lambda tier=tier: self._place(tier, policy), name=f"place {tier.path}"
             )
             # Placing stats the path: a mount hung before the start is found stuck here.
-            self._timers.soon(("stuck", tier.worker), time.monotonic() + STUCK_SECONDS)
+            self._timers.soon(("stuck", tier.worker), self.monotonic() + STUCK_SECONDS)
         self._health = self._reserves = None
 
     def _remove(self, name: str) -> None:
@@ -608,7 +627,7 @@ class Scanner:
     def _worker(self, mountpoint: str) -> MountWorker:
         worker = self._workers.get(mountpoint)
         if worker is None:
-            worker = self._workers[mountpoint] = MountWorker(mountpoint, self._post)
+            worker = self._workers[mountpoint] = self._worker_factory(mountpoint, self._post)
             validator = Validator(
                 self._limits, self._verdicts, self._wake.set, name=f"validator {mountpoint}"
             )
@@ -680,8 +699,8 @@ class Scanner:
         self._publish_paths(source)
         self._reserves = None
         if tier.mode == INOTIFY:
-            self._timers.soon(("probe", tier.worker), time.monotonic() + PROBE_SECONDS)
-        self._timers.soon(tier.key, time.monotonic())
+            self._timers.soon(("probe", tier.worker), self.monotonic() + PROBE_SECONDS)
+        self._timers.soon(tier.key, self.monotonic())
 
     def _publish_paths(self, source: _Source) -> None:
         self.tracker.jobs[source.name].set_paths(
@@ -918,7 +937,7 @@ class Scanner:
         source = self._sources.get(tier.job)
         if source is None or tier not in source.tiers:
             return  # removed while read
-        now, wall = time.monotonic(), self.clock()
+        now, wall = self.monotonic(), self.clock()
         name = source.name
         job = self.tracker.jobs[name]
         if not tier.first_done:
@@ -1013,7 +1032,7 @@ class Scanner:
         worker.stuck = False
         log.warning("filesystem %s answers again", mountpoint or "(unknown mount)")
         self._health = None
-        now = time.monotonic()
+        now = self.monotonic()
         for source in self._sources.values():
             for tier in source.tiers:
                 if tier.worker == mountpoint and tier.again and not tier.pending:
@@ -1150,7 +1169,7 @@ class Scanner:
         return frozenset(uid for uid in uids if uid) or None
 
     def _read_spool(self) -> None:
-        now = time.monotonic()
+        now = self.monotonic()
         if now >= self._spool_checked + SPOOL_CHECK_SECONDS:
             self._spool_checked = now
             self._check_spool()
@@ -1160,7 +1179,7 @@ class Scanner:
             by_job.setdefault(event.training_job, []).append(event)
         if self.spool.poll_seconds_total != before:
             self._republish = True
-        now, wall = time.monotonic(), self.clock()
+        now, wall = self.monotonic(), self.clock()
         for name, events in by_job.items():
             job = self.tracker.jobs.get(name)
             if job is not None:
@@ -1169,7 +1188,7 @@ class Scanner:
                 self._schedule_job(name, now, wall)
 
     def _apply_verdicts(self) -> None:
-        now, wall = time.monotonic(), self.clock()
+        now, wall = self.monotonic(), self.clock()
         while True:
             try:
                 request, verdict = self._verdicts.get_nowait()
@@ -1242,11 +1261,11 @@ class Scanner:
                 if source.discovered_from in changed_roots and name in self.tracker.jobs:
                     self._lives[name] = self.tracker.jobs[name]  # found again under its root
                 self._remove(name)
-        now = time.monotonic()
+        now = self.monotonic()
         for index in range(len(self._discoveries)):
             self._timers.soon(("discover", str(index)), now)
         self.config = replace(self.config, jobs=config.jobs, discover=config.discover)
-        self._reload = (True, time.time())
+        self._reload = (True, self.clock())
         self._republish = True
         log.info("configuration reloaded: jobs added=%s removed=%s changed=%s",
                  ",".join(added) or "none", ",".join(removed) or "none",
@@ -1257,7 +1276,7 @@ class Scanner:
     def _health_changed(self) -> None:
         """Per-tier view ages moved: republished within HEALTH_REFRESH_SECONDS (not per read)."""
         if self._timers.due_at(("health",)) is None and self._health is not None:
-            self._timers.at(("health",), time.monotonic() + HEALTH_REFRESH_SECONDS)
+            self._timers.at(("health",), self.monotonic() + HEALTH_REFRESH_SECONDS)
 
     def _health_state(self) -> tuple[object, ...]:
         if self._health is None:
@@ -1286,7 +1305,7 @@ class Scanner:
             success = tuple(sorted((name, t.tier, t.confirmed) for name, t in tiers if t.confirmed))
             self._health = (self._ready, first_scans, mounts, success)
             if not self._ready:  # the first pass's progress moves without telling the core
-                self._timers.soon(("health",), time.monotonic() + PROGRESS_REFRESH_SECONDS)
+                self._timers.soon(("health",), self.monotonic() + PROGRESS_REFRESH_SECONDS)
             self._republish = True
         return self._health
 

@@ -98,6 +98,36 @@ class MountWorker:
             self._deliver(result)
 
 
+class InlineWorker(MountWorker):
+    """A worker that runs each task as it is submitted, on the caller's thread, and delivers
+    its value at once: the core's ordering rules become plain sequences of ``turn()`` calls in
+    a test. Never stuck (a task that hangs hangs the test)."""
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+    def submit(
+        self,
+        task: Task,
+        progress: Progress | None = None,
+        *,
+        name: str = "",
+        fallback: Fallback | None = None,
+    ) -> None:
+        self._deliver(
+            run_task(self.mountpoint, _Item(task, progress, name or _name_of(task), fallback))
+        )
+
+    def stalled_for(self, now: float) -> float:
+        return 0.0
+
+
+WorkerFactory = Callable[[str, Callable[[object], None]], MountWorker]
+
+
 @dataclass(frozen=True)
 class _Item:
     task: Task
