@@ -13,6 +13,7 @@ import pytest
 from checkpoint_exporter.config import Config, JobConfig, Policy
 from checkpoint_exporter.core.tracker import Tracker, ValidationRequest
 from checkpoint_exporter.daemon.scanner import Scanner
+from checkpoint_exporter.daemon.timers import JobDue
 from checkpoint_exporter.daemon.validator import RETRY_UNCHECKED_SECONDS
 from checkpoint_exporter.daemon.workers import InlineWorker
 from checkpoint_exporter.model import JobState, Verdict
@@ -133,7 +134,7 @@ def test_a_validation_retry_is_a_timer(tmp_path: Path) -> None:
     scanner._verdicts.put((request, Verdict(False, unchecked=True)))
     asked = loop.clocks.mono
     scanner.turn()
-    assert scanner._timers.due_at(("job", "j")) is not None  # the job's timer is armed
+    assert scanner._timers.due_at(JobDue("j")) is not None  # the job's timer is armed
     while len(requests) < 2 and loop.clocks.mono - asked < 2 * RETRY_UNCHECKED_SECONDS:
         loop.clocks.advance(1.0)
         scanner.turn()

@@ -10,7 +10,7 @@ import pytest
 
 from checkpoint_exporter.config import Config, JobConfig, Policy
 from checkpoint_exporter.core.tracker import Tracker
-from checkpoint_exporter.daemon import scanner as scanner_module
+from checkpoint_exporter.daemon import reads
 from checkpoint_exporter.daemon.scanner import Scanner
 from checkpoint_exporter.daemon.workers import MountWorker, TaskFailed
 
@@ -52,7 +52,7 @@ def test_a_read_batch_that_raises_is_counted_logged_and_read_again(
     def broken(*args: object) -> object:
         raise RuntimeError("a bug in the read")
 
-    monkeypatch.setattr(scanner_module, "_read_tier", broken)
+    monkeypatch.setattr(reads, "_read_tier", broken)
     caplog.set_level(logging.ERROR)
     _drain(worker)  # the batch raises
     scanner._turn()
