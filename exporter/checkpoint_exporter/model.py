@@ -318,6 +318,8 @@ class DaemonState:
     # (shard, shards, scopes) when the process was told to serve part of the fleet; None for the
     # default (both scopes, one shard).
     shard_info: tuple[int, int, str] | None = None
+    # (mountpoint, tasks of its worker that raised instead of handing back a value: a bug)
+    worker_task_failures: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)

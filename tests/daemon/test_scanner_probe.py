@@ -13,6 +13,7 @@ import pytest
 from checkpoint_exporter.config import Config, DiscoverConfig, Policy
 from checkpoint_exporter.core.tracker import Tracker
 from checkpoint_exporter.daemon.scanner import Scanner
+from checkpoint_exporter.daemon.timers import SPOOL_POLL, Periodic, TimerKey
 from tests.conftest import wait_for
 
 
@@ -100,17 +101,18 @@ def test_a_timer_that_fails_costs_no_other_timer_of_its_turn(
     """A bug in one timer's handling failed the whole turn: the timers popped after it were
     lost, never due again (the spool's poll among them: the spool never read again)."""
     scanner = _scanner(tmp_path)
-    handled: list[tuple[str, ...]] = []
+    handled: list[TimerKey] = []
+    broken = Periodic("broken")
 
-    def due(self: Scanner, key: tuple[str, ...], now: float) -> None:
+    def due(self: Scanner, key: TimerKey, now: float) -> None:
         handled.append(key)
-        if key == ("broken",):
+        if key == broken:
             raise RuntimeError("a bug")
 
     monkeypatch.setattr(Scanner, "_due", due)
     start = time.monotonic() - 10
-    scanner._timers.at(("broken",), start)
-    scanner._timers.at(("spool",), start + 1)
+    scanner._timers.at(broken, start)
+    scanner._timers.at(SPOOL_POLL, start + 1)
     with pytest.raises(RuntimeError, match="a bug"):
         scanner._turn()  # the loop logs it
-    assert ("spool",) in handled
+    assert SPOOL_POLL in handled

@@ -11,6 +11,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Hashable
+from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
@@ -60,3 +61,57 @@ class TimerQueue(Generic[K]):
                 del self._due[key]
                 due.append(key)
         return due
+
+
+# --- the core's timer keys -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ScanDue:
+    """A tier's next read."""
+
+    job: str
+    tier: str
+
+
+@dataclass(frozen=True)
+class JobDue:
+    """The job's own timer (its tracker's next_due, or its telemetry window to correlate)."""
+
+    job: str
+
+
+@dataclass(frozen=True)
+class StuckCheck:
+    """Whether the mount's worker still makes progress."""
+
+    mountpoint: str
+
+
+@dataclass(frozen=True)
+class ProbeDue:
+    """A stat confirming an inotify-watched filesystem still answers."""
+
+    mountpoint: str
+
+
+@dataclass(frozen=True)
+class DiscoverDue:
+    """A discover root's next listing (its index in the configuration)."""
+
+    index: int
+
+
+@dataclass(frozen=True)
+class Periodic:
+    """A timer of the daemon's own, one of the constants below."""
+
+    name: str
+
+
+SPOOL_POLL = Periodic("spool")
+RECONCILE = Periodic("reconcile")
+NODE_REFRESH = Periodic("node")
+HEALTH_REFRESH = Periodic("health")
+
+TimerKey = ScanDue | JobDue | StuckCheck | ProbeDue | DiscoverDue | Periodic

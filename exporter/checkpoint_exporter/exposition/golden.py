@@ -358,6 +358,7 @@ def snapshot() -> Snapshot:
         config_reload_successful=False,  # the last SIGHUP's file did not parse
         config_reload_success_time=NOW - 86400,
         shard_info=(1, 4, "node,shared"),
+        worker_task_failures=(("/scratch", 1),),
     )
     filesystems = (
         FilesystemState(

@@ -132,6 +132,13 @@ MOUNT_STUCK = MetricSpec(
     "the jobs on it are not updated meanwhile, every other job is.",
     ("mountpoint",),
 )
+WORKER_TASK_FAILURES = MetricSpec(
+    "checkpoint_exporter_worker_task_failures_total",
+    "counter",
+    "Tasks of the mount's worker (a read, a placement, a listing, a probe) that raised instead "
+    "of handing back a value: a bug, logged with the task; reads and listings are tried again.",
+    ("mountpoint",),
+)
 CONFIG_RELOAD_SUCCESSFUL = MetricSpec(
     "checkpoint_exporter_config_last_reload_successful",
     "gauge",
@@ -158,8 +165,8 @@ class DaemonCollector(SnapshotCollector):
         SCAN_OPERATIONS, SCAN_ERRORS, WATCH_OVERFLOWS, SCAN_DURATION, SPOOL_EVENTS, SPOOL_INVALID,
         SPOOL_DROPPED, SPOOL_DROPPED_BYTES, SPOOL_SQUATTED, SPOOL_BACKLOG, SPOOL_POLL_SECONDS,
         DISCOVER_EXCESS, DISCOVER_ROOT_MISSING, SPOOL_WRITABLE, READY, FIRST_SCAN_DONE,
-        FIRST_SCAN_ENTRIES, LAST_SCAN_SUCCESS, MOUNT_STUCK, CONFIG_RELOAD_SUCCESSFUL,
-        CONFIG_RELOAD_SUCCESS_TIME, SHARD_INFO,
+        FIRST_SCAN_ENTRIES, LAST_SCAN_SUCCESS, MOUNT_STUCK, WORKER_TASK_FAILURES,
+        CONFIG_RELOAD_SUCCESSFUL, CONFIG_RELOAD_SUCCESS_TIME, SHARD_INFO,
     )  # fmt: skip
 
     def collect(self, snapshot: Snapshot) -> Iterable[Metric]:
@@ -203,6 +210,7 @@ class DaemonCollector(SnapshotCollector):
             entries,
             success,
             stuck,
+            by_label(WORKER_TASK_FAILURES, daemon.worker_task_failures),
             CONFIG_RELOAD_SUCCESSFUL.single(1 if daemon.config_reload_successful else 0),
         ]
         if daemon.config_reload_success_time:

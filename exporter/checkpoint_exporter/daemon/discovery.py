@@ -1,0 +1,216 @@
+"""Discovering jobs under a root: listed on its mount's worker, the newest within max_jobs
+watched, idle ones making room for newer ones, gone ones forgotten after forget_after."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import time
+
+from checkpoint_exporter.config import NODE, SHARED, DiscoverConfig
+from checkpoint_exporter.daemon.messages import (
+    Candidate,
+    Listed,
+)
+from checkpoint_exporter.daemon.state import (
+    STUCK_SECONDS,
+    Discovery,
+)
+from checkpoint_exporter.daemon.timers import (
+    DiscoverDue,
+    StuckCheck,
+)
+from checkpoint_exporter.model import DURABLE, WatchedPath
+from checkpoint_exporter.sources import fsread
+
+log = logging.getLogger(__name__)
+
+_JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+
+
+class Discovering:
+    """The discover roots' listings applied: a part of ``Scanner``
+    (daemon/scanner.py), on the core thread, sharing its state."""
+
+    def _discover(self, index: int, now: float) -> None:
+        if index >= len(self._discoveries):
+            return
+        discovery = self._discoveries[index]
+        if not self._lists(discovery.entry):
+            return
+        self._timers.at(DiscoverDue(index), now + discovery.entry.policy.poll_interval)
+        if discovery.listing:
+            return
+        if discovery.entry.policy.scope == SHARED and SHARED not in self.serving.scopes:
+            # A node-scope process never touches a shared root, not even to list it: the jobs
+            # whose ranks run here are the ones writing into this node's spool. Any user may
+            # make a directory there: one with no spool file is a mkdir, no job (it takes no
+            # max_jobs slot), and the jobs are dated by their last write, newest first.
+            found = [
+                Candidate(job, listed.mtime, not listed.spool_files)
+                for job, listed in sorted(self.spool.listed().items())
+            ]
+            self._listed(Listed(discovery, found))
+            return
+        root = str(discovery.entry.root)
+        worker = self._worker(self._lexical_mount(root))
+        if worker.stuck:
+            return
+        discovery.listing = True
+        known = frozenset(n for n, src in self._sources.items() if src.discovered_from == root)
+        worker.submit(
+            lambda: _list_jobs(discovery, root, known),
+            name=f"list discover root {root}",
+            fallback=lambda _: Listed(discovery, None),  # listed again at its next poll
+        )
+        self._timers.soon(StuckCheck(worker.mountpoint), now + STUCK_SECONDS)
+
+    def _lists(self, entry: DiscoverConfig) -> bool:
+        """Whether this process discovers jobs under the root: a root of node scope is left to
+        the node-scope processes; a node-scope process learns the names under a shared root from
+        its spool, under an auto one by listing it."""
+        return entry.policy.scope != NODE or NODE in self.serving.scopes
+
+    def _listed(self, listed: Listed) -> None:
+        discovery = listed.discovery
+        self._unstick(self._lexical_mount(str(discovery.entry.root)))  # its worker answered
+        discovery.listing = False
+        if not discovery.listed:
+            discovery.listed = True
+            self._health = None
+        if discovery not in self._discoveries:
+            return
+        entry = discovery.entry
+        root = str(entry.root)
+        if listed.missing != discovery.missing:
+            discovery.missing, self._republish = listed.missing, True
+            log.warning("discover root %s %s", root, "does not exist: watched from when it appears"
+                        if listed.missing else "exists now")  # fmt: skip
+        if listed.found is None:
+            return
+        configured = {job.name for job in self.config.jobs}
+        present = {
+            c.name: c
+            for c in listed.found
+            if _JOB_NAME.fullmatch(c.name)
+            and c.name not in configured
+            and self.serving.tracks(c.name)
+        }
+        wall = self.clock()
+        tracked = [n for n, src in self._sources.items() if src.discovered_from == root]
+        for name in tracked:
+            source = self._sources[name]
+            if name in present:
+                source.missing_since = None
+                continue
+            # Gone: kept (its last state visible) until forget_after, then dropped.
+            source.missing_since = source.missing_since or wall
+            if wall - source.missing_since >= entry.forget_after:
+                log.info("forgetting job=%s: gone from %s", name, root)
+                self._remove(name)
+        tracked = [n for n in tracked if n in self._sources]
+        # Not watched yet (a name found under another root stays there), newest first; an
+        # empty directory is no job yet and takes no slot, so a tenant's mkdirs cannot fill them.
+        displaced = discovery.displaced
+        for name in [n for n in displaced if n not in present or present[n].mtime > displaced[n]]:
+            del displaced[name]  # gone, or written since: a candidate like any other
+        candidates = sorted(
+            (c for n, c in present.items() if n not in self._sources and not c.empty),
+            key=lambda c: (c.name in displaced, -c.mtime, c.name),
+        )
+        slots = max(0, entry.max_jobs - len(tracked))
+        waiting = [c for c in candidates[slots:] if c.name not in displaced]
+        slots += self._make_room(discovery, tracked, waiting, present)
+        for candidate in candidates[:slots]:
+            path = os.path.join(root, candidate.name)
+            self._add(candidate.name, (WatchedPath(DURABLE, path),), entry.policy, root)
+        excess = len(candidates) - min(slots, len(candidates))
+        if excess != discovery.excess:
+            discovery.excess = excess
+            self._republish = True
+        for candidate in candidates[slots:]:
+            if candidate.name not in discovery.reported:
+                discovery.reported.add(candidate.name)
+                log.warning(
+                    "discover root %s: job %s is over max_jobs=%d and is not watched",
+                    root, candidate.name, entry.max_jobs,
+                )  # fmt: skip
+
+    def _make_room(
+        self,
+        discovery: Discovery,
+        tracked: list[str],
+        waiting: list[Candidate],
+        present: dict[str, Candidate],
+    ) -> int:
+        """Over max_jobs, the oldest idle jobs (finished, or silent since before their next save
+        was due, no save in progress) give their slots to newer jobs, the newest first: a root
+        full of finished runs still watches the run started today. Returns the slots freed."""
+        entry = discovery.entry
+        idle = sorted(
+            (self._last_activity(name), name) for name in tracked if self._idle(name, entry)
+        )
+        freed = 0
+        for candidate in waiting:
+            if not idle or idle[0][0] >= candidate.mtime:
+                break
+            since, name = idle.pop(0)
+            log.warning(
+                "discover root %s: over max_jobs=%d, job %s (idle since %s) makes room for %s",
+                entry.root, entry.max_jobs, name, time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                time.gmtime(since)), candidate.name,
+            )  # fmt: skip
+            if name in present:  # not a run gone from the root, kept until forget_after
+                discovery.displaced[name] = present[name].mtime
+            self._remove(name)
+            freed += 1
+        return freed
+
+    def _last_activity(self, name: str) -> float:
+        job = self.tracker.jobs[name]
+        return job.alive_at if job.alive_at is not None else job.first_seen
+
+    def _idle(self, name: str, entry: DiscoverConfig) -> bool:
+        job = self.tracker.jobs[name]
+        if job.has_saves_in_progress():
+            return False
+        silent = self.clock() - self._last_activity(name)
+        return job.finished or silent > entry.policy.interval + entry.policy.deadline
+
+
+def _list_jobs(discovery: Discovery, root: str, known: frozenset[str]) -> Listed:
+    """The subdirectories of a discover root (never following a symlink), each with its mtime;
+    the ones not watched yet are looked into, to tell an empty directory from a job."""
+    try:
+        fd = fsread.open_directory(root, follow_symlink=True)  # the operator's root
+    except FileNotFoundError:
+        return Listed(discovery, None, missing=True)
+    except OSError as error:
+        log.warning("cannot list discover root %s: %s", root, error.strerror)
+        return Listed(discovery, None)
+    found = []
+    try:
+        with os.scandir(fd) as listing:
+            entries = [e for e in listing if e.is_dir(follow_symlinks=False)]
+        for entry in entries:
+            with contextlib.suppress(OSError):  # gone or swapped since listed: next time
+                mtime = entry.stat(follow_symlinks=False).st_mtime
+                empty = entry.name not in known and _empty(fd, entry.name)
+                found.append(Candidate(entry.name, mtime, empty))
+    except OSError as error:
+        log.warning("cannot list discover root %s: %s", root, error.strerror)
+        return Listed(discovery, None)
+    finally:
+        os.close(fd)
+    return Listed(discovery, found)
+
+
+def _empty(root_fd: int, name: str) -> bool:
+    child = fsread.open_directory(name, dir_fd=root_fd)  # O_NOFOLLOW: a symlink raises
+    try:
+        with os.scandir(child) as listing:
+            return next(iter(listing), None) is None
+    finally:
+        os.close(child)

@@ -1,0 +1,212 @@
+"""The exporter's own health: stuck mounts, probes of watched filesystems, readiness and
+the age of each tier's view, node telemetry, and the DaemonState published with the jobs."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Callable
+
+from checkpoint_exporter.daemon.messages import Probed
+from checkpoint_exporter.daemon.state import (
+    PROBE_SECONDS,
+    STUCK_SECONDS,
+    Tier,
+)
+from checkpoint_exporter.daemon.timers import (
+    HEALTH_REFRESH,
+    ProbeDue,
+    StuckCheck,
+)
+from checkpoint_exporter.model import DaemonState
+from checkpoint_exporter.sources.watch import INOTIFY
+
+log = logging.getLogger(__name__)
+
+# Each tier's view age is republished at most this often (alerts on stale data work in minutes;
+# the first pass's progress, once a second).
+HEALTH_REFRESH_SECONDS = 5.0
+PROGRESS_REFRESH_SECONDS = 1.0
+
+
+class Health:
+    """Mounts' health, readiness, and what is published: a part of ``Scanner``
+    (daemon/scanner.py), on the core thread, sharing its state."""
+
+    def _check_stuck(self, mountpoint: str, now: float) -> None:
+        worker = self._workers.get(mountpoint)
+        if worker is None:
+            return
+        stalled = worker.stalled_for(now)
+        if stalled == 0.0:
+            self._unstick(mountpoint)  # whatever it was stuck on has returned
+            if any(t.pending and t.worker == mountpoint for t in self._all_tiers()):
+                self._timers.at(StuckCheck(mountpoint), now + STUCK_SECONDS)  # between two tasks
+            return
+        if stalled >= STUCK_SECONDS:
+            if not worker.stuck:
+                worker.stuck = True
+                log.error("filesystem %s is stuck: no answer for %.0f s; its jobs wait for it",
+                          mountpoint or "(unknown mount)", stalled)  # fmt: skip
+                self._health = None
+            self._timers.at(StuckCheck(mountpoint), now + STUCK_SECONDS)
+        else:
+            self._timers.at(StuckCheck(mountpoint), now + STUCK_SECONDS - stalled)
+
+    def _unstick(self, mountpoint: str) -> None:
+        worker = self._workers.get(mountpoint)
+        if worker is None or not worker.stuck:
+            return
+        worker.stuck = False
+        log.warning("filesystem %s answers again", mountpoint or "(unknown mount)")
+        self._health = None
+        now = self.monotonic()
+        for source in self._sources.values():
+            for tier in source.tiers:
+                if tier.worker == mountpoint and tier.again and not tier.pending:
+                    self._timers.soon(tier.key, now)
+
+    def _all_tiers(self) -> list[Tier]:
+        return [tier for source in self._sources.values() for tier in source.tiers]
+
+    def _probe(self, mountpoint: str, now: float) -> None:
+        """Confirm an inotify-watched filesystem still answers (its tiers are not re-read)."""
+        roots = [
+            tier.path
+            for source in self._sources.values()
+            for tier in source.tiers
+            if tier.worker == mountpoint and tier.mode == INOTIFY
+        ]
+        worker = self._workers.get(mountpoint)
+        if not roots or worker is None:
+            return
+        self._timers.at(ProbeDue(mountpoint), now + PROBE_SECONDS)
+        if worker.stuck:
+            return
+        worker.submit(
+            lambda: _probe_path(mountpoint, roots[0], self.clock), name=f"probe {roots[0]}"
+        )
+        self._timers.soon(StuckCheck(mountpoint), now + STUCK_SECONDS)
+
+    def _probed(self, probe: Probed) -> None:
+        self._unstick(probe.worker)
+        for source in self._sources.values():
+            for tier in source.tiers:
+                if (
+                    tier.worker == probe.worker
+                    and tier.mode == INOTIFY
+                    and tier.first_done
+                    and not tier.pending
+                    and tier.failures == 0
+                ):
+                    tier.confirmed = max(tier.confirmed, probe.at)
+        self._health_changed()
+
+    def _health_changed(self) -> None:
+        """Per-tier view ages moved: republished within HEALTH_REFRESH_SECONDS (not per read)."""
+        if self._timers.due_at(HEALTH_REFRESH) is None and self._health is not None:
+            self._timers.at(HEALTH_REFRESH, self.monotonic() + HEALTH_REFRESH_SECONDS)
+
+    def _health_state(self) -> tuple[object, ...]:
+        if self._health is None:
+            tiers = [
+                (s.name, t) for s in self._sources.values() for t in s.tiers if not self._outside(t)
+            ]
+            stuck = {key for key, worker in self._workers.items() if worker.stuck}
+            if not self._ready:
+                unlisted = sum(
+                    1
+                    for d in self._discoveries
+                    if not d.listed
+                    and self._lists(d.entry)
+                    and self._lexical_mount(str(d.entry.root)) not in stuck
+                )
+                done = sum(1 for _, t in tiers if t.first_done or t.worker in stuck)
+                roots = f", {unlisted} discover roots not listed yet" if unlisted else ""
+                self._not_ready = f"first pass not finished ({done} of {len(tiers)} tiers{roots})"
+                self._ready = not unlisted and done == len(tiers)
+                if self._ready:
+                    log.info("ready: every watched tier has been read once")
+            first_scans = tuple(
+                sorted((name, t.tier, t.first_done, _entries(t)) for name, t in tiers)
+            )
+            mounts = tuple(sorted((key, worker.stuck) for key, worker in self._workers.items()))
+            success = tuple(sorted((name, t.tier, t.confirmed) for name, t in tiers if t.confirmed))
+            self._health = (self._ready, first_scans, mounts, success)
+            if not self._ready:  # the first pass's progress moves without telling the core
+                self._timers.soon(HEALTH_REFRESH, self.monotonic() + PROGRESS_REFRESH_SECONDS)
+            self._republish = True
+        return self._health
+
+    def _refresh_node(self) -> None:
+        if self.telemetry is None:
+            return
+        if self._reserves is None:
+            reserves: dict[str, float] = {}
+            for source in self._sources.values():
+                for tier in source.tiers:
+                    if tier.mountpoint:
+                        reserves[tier.mountpoint] = max(
+                            reserves.get(tier.mountpoint, 0.0), source.policy.capacity_reserve
+                        )
+            self._reserves = reserves
+        node = (self.telemetry.filesystems(self._reserves), self.telemetry.available())
+        if node != self._node:
+            self._node = node
+            self._republish = True
+
+    def _publish(self) -> None:
+        health = self._health_state()
+        if not (self._republish or self._changed_jobs):
+            return
+        ready, first_scans, mounts, success = health
+        reload_ok, reload_time = self._reload
+        daemon = DaemonState(
+            scans=self._scans.state(),
+            metadata_operations=self._network_budget.total + self._local_budget.total,
+            watch_overflows=self._overflows,
+            scan_errors=self._scan_errors,
+            spool_events=tuple(sorted(self.spool.events_total.items())),
+            spool_invalid=tuple(sorted(self.spool.invalid_total.items())),
+            spool_dropped=tuple(sorted(self.spool.dropped_total.items())),
+            spool_dropped_bytes=tuple(sorted(self.spool.dropped_bytes_total.items())),
+            spool_squatted=tuple(sorted(self.spool.squatted.items())),
+            spool_backlog_bytes=self.spool.backlog_bytes,
+            spool_poll_seconds=self.spool.poll_seconds_total,
+            discover_excess=tuple((str(d.entry.root), d.excess) for d in self._discoveries),
+            discover_missing=tuple((str(d.entry.root), int(d.missing)) for d in self._discoveries),
+            spool_writable=self._spool_writable,
+            ready=bool(ready),
+            shard_info=None
+            if self.serving.default
+            else (self.serving.shard, self.serving.shards, self.serving.scope_label),
+            first_scans=first_scans,  # type: ignore[arg-type]
+            mounts=mounts,  # type: ignore[arg-type]
+            scan_success=success,  # type: ignore[arg-type]
+            config_reload_successful=reload_ok,
+            config_reload_success_time=reload_time,
+            worker_task_failures=tuple(sorted(self._task_failures.items())),
+        )
+        if self.telemetry is None:
+            self.tracker.publish(daemon, changed=self._changed_jobs, held=self._held)
+        else:
+            filesystems, available = self._node
+            self.tracker.publish(
+                daemon, filesystems, available, changed=self._changed_jobs, held=self._held
+            )
+        self._changed_jobs = set()
+        self._republish = False
+
+
+def _probe_path(mountpoint: str, path: str, clock: Callable[[], float]) -> Probed:
+    with contextlib.suppress(OSError):  # an error is an answer all the same
+        os.stat(path)
+    return Probed(mountpoint, clock())
+
+
+def _entries(tier: Tier) -> int:
+    """Entries the tier's first pass read: so far while it runs."""
+    if tier.first_done:
+        return tier.first_entries
+    return tier.reader.entries_read if tier.reader is not None else 0

@@ -1,0 +1,279 @@
+"""Reading tiers: watch events coalesced into reads, reads batched per worker and turn, their
+results handed to the tracker, the next read scheduled (poll, hot re-read, retry)."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Collection, Sequence
+
+from checkpoint_exporter.daemon.messages import Read
+from checkpoint_exporter.daemon.state import (
+    STUCK_SECONDS,
+    Source,
+    Tier,
+    contains,
+)
+from checkpoint_exporter.daemon.timers import StuckCheck
+from checkpoint_exporter.sources import layouts
+from checkpoint_exporter.sources.layouts.base import Options
+from checkpoint_exporter.sources.listing import TreeReader
+from checkpoint_exporter.sources.watch import (
+    INOTIFY,
+    POLL,
+)
+
+log = logging.getLogger(__name__)
+
+COALESCE_SECONDS = 0.1
+# Files the watcher named per tier between two reads, re-statted on the next one. Past this many,
+# the rest are left to the hot re-stat of saves in progress and to the markers' re-stat.
+TOUCHED_PER_JOB = 4096
+HOT_RESCAN_SECONDS = 1.0  # a job with a save in progress is read this often
+# Polls fall due on ticks this far apart, so the jobs polled at one interval are read in one
+# batch per tick rather than one thread wake-up each (at most this much later).
+POLL_GRID = 0.25
+
+
+class Reads:
+    """Tier reads asked for, sent and applied: a part of ``Scanner``
+    (daemon/scanner.py), on the core thread, sharing its state."""
+
+    def _on_changed(self, name: str, path: str) -> None:
+        source = self._sources.get(name)
+        if source is None:
+            return
+        now = self.monotonic()
+        tiers = [t for t in source.tiers if contains(t.path, path)] or source.tiers
+        for tier in tiers:
+            if path.rstrip("/") == tier.path.rstrip("/"):
+                # The root itself: a watch healed after the directory was removed or moved and
+                # made again. Nothing reported what was written meanwhile, and a tree put back
+                # with its old mtimes (cp -a, rsync -a) would pass a listing's checks: read all.
+                self._want_full_read(tier, now)
+                continue
+            if len(tier.touched) < TOUCHED_PER_JOB:
+                tier.touched.add(path)
+            self._timers.soon(tier.key, now + COALESCE_SECONDS)
+
+    def _on_overflowed(self, path: str | None) -> None:
+        self._overflows += 1
+        self._republish = True
+        log.warning("inotify queue overflowed below %s: reconciling", path or "a watch")
+        now = self.monotonic()
+        for source in self._sources.values():
+            for tier in source.tiers:
+                if path is None or contains(tier.path, path) or contains(path, tier.path):
+                    self._want_full_read(tier, now)
+
+    def _on_lost(self, name: str, reason: str) -> None:
+        """A job whose tree grew past the inotify limits is polled from now on."""
+        source = self._sources.get(name)
+        if source is None or self.watcher is None:
+            return
+        self.watcher.unwatch(name)
+        now = self.monotonic()
+        for tier in source.tiers:
+            if tier.mode == INOTIFY:
+                tier.mode, tier.reason = POLL, reason
+            self._want_full_read(tier, now)  # what changed unwatched is found by a full read
+        log.warning("job=%s: %s; polling instead", name, reason)
+        self._publish_paths(source)
+
+    def _want_full_read(self, tier: Tier, now: float) -> None:
+        tier.reconcile_wanted += 1
+        self._timers.soon(tier.key, now)
+
+    def _scan_due(self, name: str, tier_name: str, now: float) -> None:
+        source = self._sources.get(name)
+        tier = next((t for t in source.tiers if t.tier == tier_name), None) if source else None
+        if tier is None or tier.reader is None:
+            return  # gone, or not placed yet (placing schedules its first read)
+        if tier.pending or self._workers[tier.worker].stuck:
+            tier.again = True  # read once the one under way (or stuck) returns
+            return
+        if now < tier.retry_at:
+            self._timers.soon(tier.key, tier.retry_at)
+            return
+        self._submit_read(source, tier, now)
+
+    def _submit_read(
+        self, source: Source, tier: Tier, now: float, final: Sequence[str] = ()
+    ) -> None:
+        assert tier.reader is not None
+        job = self.tracker.jobs[source.name]
+        hot = job.hot_directories(tier.tier)
+        reconcile = 0 if final else tier.reconcile_wanted
+        force = reconcile > tier.reconcile_done
+        touched = () if final else _below(tier.path, tier.touched)
+        if not final:
+            tier.touched = set()
+        tier.pending, tier.again = True, False
+        options = Options(verify_checksums=source.policy.verify_checksums)
+        fixed = source.fixed_layout
+
+        def read() -> Read:
+            return _read_tier(tier, hot, force, reconcile if force else 0, touched, final,
+                              fixed, options)  # fmt: skip
+
+        self._reads.setdefault(tier.worker, []).append((read, tier))
+        self._timers.soon(StuckCheck(tier.worker), now + STUCK_SECONDS)
+
+    def _send_reads(self) -> None:
+        """Hand each worker the reads this turn asked of it as one task: a thread wakes once per
+        turn, not once per tier (polls fall due together on the POLL_GRID)."""
+        for mountpoint, reads in self._reads.items():
+            readers = [tier.reader for _, tier in reads if tier.reader is not None]
+            tiers = [tier for _, tier in reads]
+
+            def progress(readers: list[TreeReader] = readers) -> int:
+                return sum(reader.entries_read for reader in readers)
+
+            def batch(reads: list[tuple[Callable[[], Read], Tier]] = reads) -> list[Read]:
+                return [read() for read, _ in reads]
+
+            def failed(error: Exception, tiers: list[Tier] = tiers) -> list[Read]:
+                # Each tier's read failed: read again in full after a pause, as a read that
+                # raised on its own is.
+                return [_failed_read(tier, error) for tier in tiers]
+
+            self._workers[mountpoint].submit(
+                batch, progress, name=f"read {len(reads)} tiers", fallback=failed
+            )
+        self._reads = {}
+
+    def _read_done(self, result: Read) -> None:
+        tier = result.tier
+        tier.pending = False
+        self._unstick(tier.worker)
+        source = self._sources.get(tier.job)
+        if source is None or tier not in source.tiers:
+            return  # removed while read
+        now, wall = self.monotonic(), self.clock()
+        name = source.name
+        job = self.tracker.jobs[name]
+        if not tier.first_done:
+            tier.first_done, tier.first_entries = (
+                True,
+                tier.reader.entries_read if tier.reader else 0,
+            )
+            self._health = None
+        if result.error is not None:
+            # One tree must not stop any other job's reads: this one is read again in full
+            # after a pause that grows while it keeps failing.
+            if not tier.failures:
+                log.error("scan of job=%s tier=%s failed; reading it again in full: %r",
+                          name, tier.tier, result.error)  # fmt: skip
+            tier.failures += 1
+            tier.reconcile_wanted += 1
+            tier.retry_at = now + min(60.0, 0.5 * 2**tier.failures)
+            self._held.discard(name)
+            self._changed_jobs.add(name)
+            self._timers.at(tier.key, tier.retry_at)
+            return
+        tier.failures = 0
+        tier.reconcile_done = max(tier.reconcile_done, result.reconcile)
+        tier.last_read, tier.confirmed = now, wall
+        if (tier.missing, tier.unreadable) != (result.missing, len(result.unreadable)):
+            if result.missing != tier.missing:
+                log.warning("job=%s tier=%s: %s %s", name, tier.tier, tier.path,
+                            "does not exist: watched from when it appears" if result.missing
+                            else "exists now")  # fmt: skip
+            tier.missing, tier.unreadable = result.missing, len(result.unreadable)
+            self._publish_paths(source)
+        self._scan_errors += result.errors
+        self._scans.observe(result.seconds)
+        observed = job.observe(tier.tier, result.found, wall, result.unreadable, result.layout)
+        if observed.just_committed and not result.final:
+            # Sizes were last statted mid-write: one full read of what just committed, and the
+            # job's published state waits for it.
+            committed = ["" if gen_id == "." else gen_id for gen_id in observed.just_committed]
+            self._held.add(name)
+            self._submit_read(source, tier, now, final=committed)
+        else:
+            self._held.discard(name)
+        validator = self._validators[tier.worker]
+        for request in observed.requests:
+            job.submitted(request)
+            validator.submit(request, tier.path, tier.reader.follow_root_symlink, tier.reader.tree)
+        self._changed_jobs.add(name)
+        self._schedule_job(name, now, wall)
+        if not tier.pending:
+            self._schedule_read(source, tier, now)
+        self._health_changed()
+
+    def _schedule_read(self, source: Source, tier: Tier, now: float) -> None:
+        """The tier's next read: now if asked for meanwhile, else its poll or hot re-read."""
+        if tier.again or tier.reconcile_wanted > tier.reconcile_done:
+            self._timers.at(tier.key, now)
+            return
+        due = []
+        if tier.mode == POLL:
+            due.append(_on_grid(tier.last_read + source.policy.poll_interval))
+        if self.tracker.jobs[source.name].has_saves_in_progress():
+            due.append(tier.last_read + HOT_RESCAN_SECONDS)
+        if due:
+            self._timers.at(tier.key, min(due))
+        else:
+            self._timers.cancel(tier.key)
+
+
+def _read_tier(
+    tier: Tier,
+    hot: list[str],
+    force: bool,
+    reconcile: int,
+    touched: Collection[str],
+    final: Sequence[str],
+    fixed_layout: str | None,
+    options: Options,
+) -> Read:
+    started = time.perf_counter()
+    reader = tier.reader
+    assert reader is not None
+    try:
+        if final:
+            tree, stats = reader.read(hot, force_paths=final)
+        else:
+            tree, stats = reader.read(hot, force=force, touched=touched)
+        found, layout = _found(tier, tree, fixed_layout, options)
+    except Exception as error:
+        return _failed_read(tier, error, time.perf_counter() - started, bool(final))
+    unreadable = frozenset(path for path, _ in stats.errors)
+    return Read(tier, found, unreadable, len(stats.errors), layout,
+                 time.perf_counter() - started, reconcile, bool(final),
+                 missing=tree is None and not stats.errors)  # fmt: skip
+
+
+def _failed_read(tier: Tier, error: Exception, seconds: float = 0.0, final: bool = False) -> Read:
+    return Read(tier, [], frozenset(), 0, None, seconds, 0, final, error)
+
+
+def _found(
+    tier: Tier, tree: object, fixed_layout: str | None, options: Options
+) -> tuple[list[layouts.Found], str | None]:
+    """What the layout finds in the listing, parsed once per listing; and the layout detected."""
+    if tree is None:
+        return [], None
+    if tier.parsed is not None and tier.parsed[0] is tree:
+        return tier.parsed[1], tier.parsed[2]
+    if fixed_layout:
+        name: str | None = fixed_layout
+        found = layouts.REGISTRY[fixed_layout].parse(tree, options)  # type: ignore[arg-type]
+    else:
+        name, found = layouts.identify(tree, options)  # type: ignore[arg-type]
+    detected = None if fixed_layout else name
+    tier.parsed = (tree, found, detected)
+    return found, detected
+
+
+def _on_grid(due: float) -> float:
+    """The next POLL_GRID tick at or after ``due``."""
+    return math.ceil(due / POLL_GRID) * POLL_GRID
+
+
+def _below(root: str, paths: Collection[str]) -> list[str]:
+    """The paths inside ``root``, relative to it (the root itself left out)."""
+    prefix = root.rstrip("/") + "/"
+    return [path[len(prefix) :] for path in paths if path.startswith(prefix)]

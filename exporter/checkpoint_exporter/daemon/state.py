@@ -1,0 +1,99 @@
+"""The core thread's own vocabulary: a job's watched tiers, the jobs, the discover roots, and
+the budgets more than one part of the core keeps."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from checkpoint_exporter.config import DiscoverConfig, JobConfig, Policy
+from checkpoint_exporter.daemon.timers import ScanDue
+from checkpoint_exporter.model import DURABLE
+from checkpoint_exporter.sources import layouts
+from checkpoint_exporter.sources.listing import TreeReader
+
+# A filesystem task (a read, a stat) that completes no metadata operation for this long marks
+# its mount stuck. A healthy NFS, Lustre or GPFS operation takes milliseconds and its bad tail a
+# few seconds (a lock recall, a server failover is 10-20 s); a soft NFS mount itself gives up only
+# after minutes (timeo=60 s, retrans). 30 s of nothing is no slow disk, it is well inside the
+# minutes the staleness alerts work in, and a cold pass that crawls under the metadata-ops budget
+# still moves (its progress is what is timed, not its length).
+STUCK_SECONDS = 30.0
+# An inotify-watched tier is not read while nothing changes: a stat of one of its filesystem's
+# roots, this often, confirms the view is current (the filesystem answers, so events would come).
+PROBE_SECONDS = 30.0
+
+
+@dataclass(eq=False)
+class Tier:
+    """One watched path of a job: how it is watched, and where its reads stand."""
+
+    job: str
+    tier: str
+    path: str
+    follow_root: bool | None  # may the root be a symlink (None: a configured root decides)
+    worker: str  # the mount whose worker reads it ("" while unknown)
+    scope: str = ""  # node or shared; "" while ``auto`` waits for the tier to be placed
+    mode: str = ""
+    reason: str = ""
+    mountpoint: str = ""
+    disk: str | None = None  # the block device whose writes count for this path
+    reader: TreeReader | None = None  # made on its worker: the root may hang
+    # The last listing and what the layout found in it (worker side): an unchanged listing is
+    # the same object, so an idle poll neither parses it again nor rebuilds the job's state.
+    parsed: tuple[object, list[layouts.Found], str | None] | None = None
+    # Full reads asked for and done, counted: a read satisfies only the requests made before
+    # it started, so an overflow during a read still gets its own.
+    reconcile_wanted: int = 1
+    reconcile_done: int = 0
+    touched: set[str] = field(default_factory=set)
+    pending: bool = False  # a read is on its worker
+    again: bool = False  # asked for while one was under way, or while its mount was stuck
+    first_done: bool = False
+    first_entries: int = 0
+    last_read: float = 0.0  # monotonic
+    confirmed: float = 0.0  # wall time the view was last known current
+    failures: int = 0  # reads in a row that raised
+    retry_at: float = 0.0  # after a failed read, not again before this (monotonic)
+    missing: bool = False  # its last read found no directory there
+    unreadable: int = 0  # directories its last read could not read
+
+    @property
+    def key(self) -> ScanDue:
+        return ScanDue(self.job, self.tier)
+
+
+@dataclass(eq=False)
+class Source:
+    """Scanning state of one job."""
+
+    name: str
+    policy: Policy
+    tiers: list[Tier]
+    fixed_layout: str | None
+    discovered_from: str | None = None
+    missing_since: float | None = None
+    config: JobConfig | None = None  # what the config file said (None: discovered)
+
+
+@dataclass
+class Discovery:
+    entry: DiscoverConfig
+    listing: bool = False  # a listing is on its worker
+    listed: bool = False  # listed once: its jobs count towards readiness
+    excess: int = 0
+    reported: set[str] = field(default_factory=set)
+    missing: bool = False  # the root does not exist (yet)
+    # Jobs that gave their slot to a newer one, by their directory's mtime then: watched again
+    # only once written since, so two idle jobs never take turns.
+    displaced: dict[str, float] = field(default_factory=dict)
+
+
+def configured_scope(tier: str, policy: Policy) -> str:
+    """A tier's scope as the config sets it ("" for auto: its mount decides). ``scope`` names
+    the durable tier's; a staging tier is always scoped from its mount."""
+    return policy.scope if tier == DURABLE and policy.scope != "auto" else ""
+
+
+def contains(parent: str, child: str) -> bool:
+    parent = parent.rstrip("/")
+    return child == parent or child.startswith(parent + "/")

@@ -1,0 +1,145 @@
+"""The core loop turn by turn: a fake clock, an inline worker (a task runs as it is submitted and
+its value waits in the inbox for the next turn), no thread, no sleep. Each test is one of the
+ordering rules the daemon keeps between its inputs."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from checkpoint_exporter.config import Config, JobConfig, Policy
+from checkpoint_exporter.core.tracker import Tracker, ValidationRequest
+from checkpoint_exporter.daemon.scanner import Scanner
+from checkpoint_exporter.daemon.timers import JobDue
+from checkpoint_exporter.daemon.validator import RETRY_UNCHECKED_SECONDS
+from checkpoint_exporter.daemon.workers import InlineWorker
+from checkpoint_exporter.model import JobState, Verdict
+
+
+@dataclass
+class Clocks:
+    """The core's two clocks, moved by the test alone."""
+
+    wall: float
+    mono: float = 1000.0
+
+    def advance(self, seconds: float) -> None:
+        self.wall += seconds
+        self.mono += seconds
+
+
+@dataclass
+class Loop:
+    scanner: Scanner
+    tracker: Tracker
+    clocks: Clocks
+    job: Path
+
+    def job_state(self) -> JobState:
+        (state,) = [s for s in self.tracker.snapshot.jobs if s.name == "j"]
+        return state
+
+
+def _loop(tmp_path: Path) -> Loop:
+    job = tmp_path / "job"
+    (job / "step-1").mkdir(parents=True)
+    (job / "step-1" / "__0_0.distcp").write_bytes(b"\0" * 16)  # a save under way
+    config = Config(
+        spool=tmp_path / "spool", jobs=(JobConfig("j", job, None, Policy(layout="dcp")),)
+    )
+    tracker = Tracker(config)
+    # The wall clock starts at the files' own time: the tracker dates what it reads by it.
+    clocks = Clocks(wall=time.time())
+    scanner = Scanner(
+        config,
+        tracker,
+        watcher_factory=None,
+        clock=lambda: clocks.wall,
+        monotonic=lambda: clocks.mono,
+        worker_factory=InlineWorker,
+    )
+    return Loop(scanner, tracker, clocks, job)
+
+
+def _first_read(loop: Loop) -> None:
+    loop.scanner.turn()  # placed (on the inline worker, while the job was added): read sent
+    loop.scanner.turn()  # read applied: the save in progress is known
+
+
+def test_the_spool_is_read_before_the_disk_results_of_the_same_turn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Else an instrumented save whose commit is read first is counted twice (once from the
+    disk alone, once from its events)."""
+    loop = _loop(tmp_path)
+    scanner = loop.scanner
+    scanner.turn()  # placed; the first read waits in the inbox; the spool's own timer ran
+    calls: list[str] = []
+    read_spool, read_done = scanner._read_spool, scanner._read_done
+    monkeypatch.setattr(scanner, "_read_spool", lambda: (calls.append("spool"), read_spool()))
+    monkeypatch.setattr(scanner, "_read_done", lambda r: (calls.append("disk"), read_done(r)))
+    scanner.turn()  # the spool's timer is not due: only the read's arrival polls it
+    assert calls == ["spool", "disk"]
+
+
+def test_a_committed_generation_is_read_again_once_before_the_job_publishes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sizes were statted mid-write: the job's published state waits for one full read of what
+    just committed."""
+    loop = _loop(tmp_path)
+    scanner = loop.scanner
+    finals: list[bool] = []
+    read_done = scanner._read_done
+    monkeypatch.setattr(scanner, "_read_done", lambda r: (finals.append(r.final), read_done(r)))
+    _first_read(loop)
+    before = loop.job_state()
+    assert before.saves_committed == 0
+
+    (loop.job / "step-1" / ".metadata").write_bytes(b"not parsed here")  # the commit
+    scanner._changed("j", str(loop.job / "step-1" / ".metadata"))  # the watcher's event
+    scanner.turn()  # the event: a read coalesced, not due yet
+    loop.clocks.advance(1.0)
+    scanner.turn()  # the read is due: sent
+    scanner.turn()  # it sees the commit: the job is held, the final read sent
+    assert finals == [False, False]
+    assert loop.job_state() is before  # held: not published until re-read
+    scanner.turn()  # the final read
+    assert finals == [False, False, True]
+    assert loop.job_state().saves_committed == 1
+    scanner.turn()
+    assert finals == [False, False, True]  # once
+
+
+def test_a_validation_retry_is_a_timer(tmp_path: Path) -> None:
+    """A generation whose checks could not run is asked again after RETRY_UNCHECKED_SECONDS on
+    the job's timer, not by reading the tier again meanwhile."""
+    loop = _loop(tmp_path)
+    scanner = loop.scanner
+    _first_read(loop)
+    requests: list[ValidationRequest] = []
+    (validator,) = scanner._validators.values()
+    validator.submit = lambda request, *_, **__: requests.append(request)  # type: ignore
+    (loop.job / "step-1" / ".metadata").write_bytes(b"not parsed here")
+    scanner._changed("j", str(loop.job / "step-1" / ".metadata"))
+    for _ in range(4):
+        scanner.turn()
+        loop.clocks.advance(1.0)
+    (request,) = requests
+    reads = sum(scanner._scans.state().counts)
+
+    scanner._verdicts.put((request, Verdict(False, unchecked=True)))
+    asked = loop.clocks.mono
+    scanner.turn()
+    assert scanner._timers.due_at(JobDue("j")) is not None  # the job's timer is armed
+    while len(requests) < 2 and loop.clocks.mono - asked < 2 * RETRY_UNCHECKED_SECONDS:
+        loop.clocks.advance(1.0)
+        scanner.turn()
+        if loop.clocks.mono - asked < RETRY_UNCHECKED_SECONDS:  # not due: the tier is not read
+            assert sum(scanner._scans.state().counts) == reads
+    assert [r.generation for r in requests] == [request.generation] * 2
+    # Asked again once due: its timer, then the tier's read, then its result, a turn each.
+    assert RETRY_UNCHECKED_SECONDS <= loop.clocks.mono - asked <= RETRY_UNCHECKED_SECONDS + 3
