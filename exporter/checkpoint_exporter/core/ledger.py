@@ -28,6 +28,7 @@ from checkpoint_exporter.model import (
     HistogramState,
     SaveRecord,
     WindowTelemetry,
+    disk_total,
 )
 
 log = logging.getLogger(__name__)
@@ -94,7 +95,7 @@ class SaveLedger(JobBase):
         staged = self._gens.get((STAGING, gen.found.id))
         if staged is not None:  # a two-tier save started when its staging copy did
             gen.start_time = min(gen.start_time, staged.start_time)
-        duration = max(0.0, commit - gen.start_time)  # both mtimes: one clock, never negative
+        duration = disk_total(gen.start_time, commit)
         key = self._save_key(gen)
         if key in self._accounted:
             return  # its events already told the whole story

@@ -49,7 +49,6 @@ from checkpoint_exporter.model import (
     JobState,
     Snapshot,
     WatchedPath,
-    newest_committed,
 )
 
 # ``next_due`` answers just past a deadline, since the deadlines compare strictly.
@@ -143,7 +142,7 @@ class JobTracker(Scans, Validation, SaveLedger, Restores, Diagnosing, Liveness, 
 
     def _build_state(self) -> JobState:
         state = self._job_state()
-        newest = newest_committed(state)
+        newest = state.newest_committed
         if newest is None:
             return state
         if newest.valid is not None:
