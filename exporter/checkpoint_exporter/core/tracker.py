@@ -24,7 +24,17 @@ from checkpoint_exporter.core.base import SAVE_TIMELINE_EXPIRY as SAVE_TIMELINE_
 from checkpoint_exporter.core.clocks import SETTLE_SECONDS
 from checkpoint_exporter.core.diagnosing import Diagnosing
 from checkpoint_exporter.core.drain import Draining
-from checkpoint_exporter.core.generations import behind
+from checkpoint_exporter.core.generations import behind, listing_path
+from checkpoint_exporter.core.inputs import (
+    Effects,
+    Input,
+    PathsPlaced,
+    SpoolEvents,
+    Tick,
+    TierRead,
+    VerdictIn,
+    WindowTelemetryIn,
+)
 from checkpoint_exporter.core.ledger import DURATION_BUCKETS, Histogram, SaveLedger
 from checkpoint_exporter.core.liveness import FINISHED_GRACE as FINISHED_GRACE
 from checkpoint_exporter.core.liveness import Liveness
@@ -123,6 +133,64 @@ class JobTracker(Scans, Validation, SaveLedger, Restores, Diagnosing, Liveness, 
         self.clocks.add([e for e in events if e.event not in LIFE_EVENTS], now)
         self._settle(now)
         self._touch()
+
+    # --- one call ------------------------------------------------------------------------------
+
+    def apply(self, message: Input) -> Effects:
+        """Apply one input (core/inputs.py) and say what the daemon must do next."""
+        version = self.version
+        validations: tuple[ValidationRequest, ...] = ()
+        reread: tuple[tuple[str, tuple[str, ...]], ...] = ()
+        rescan: tuple[str, ...] = ()
+        if isinstance(message, TierRead):
+            observed = self.observe(
+                message.tier, list(message.found), message.now, message.unreadable, message.layout
+            )
+            validations = tuple(observed.requests)
+            for request in validations:
+                self.submitted(request)
+            if observed.just_committed and not message.final:
+                paths = tuple(listing_path(gen_id) for gen_id in observed.just_committed)
+                reread = ((message.tier, paths),)
+        elif isinstance(message, SpoolEvents):
+            self.apply_events(message.events, message.now)
+        elif isinstance(message, VerdictIn):
+            if message.verdict is None:
+                self.retry_validation(message.request)
+                rescan = (message.request.tier,)  # the move shows up, or it is judged again
+            elif message.verdict.unchecked:
+                self.retry_validation(message.request, message.not_before)
+            else:
+                self.apply_verdict(message.request, message.verdict)
+        elif isinstance(message, Tick):
+            self.tick(message.now)
+            if self.validation_retry_due(message.now):
+                rescan = tuple(path.tier for path in self.paths if path.scanned)
+        elif isinstance(message, WindowTelemetryIn):
+            self.set_window_telemetry(message.telemetry, message.stall_network_bytes)
+        elif isinstance(message, PathsPlaced):
+            self.set_paths(message.paths)
+        else:
+            raise TypeError(f"not an input of the core: {message!r}")
+        return self._effects(message.now, version, validations, reread, rescan)
+
+    def _effects(
+        self, now: float, version: int, validations: tuple[ValidationRequest, ...],
+        reread: tuple[tuple[str, tuple[str, ...]], ...], rescan: tuple[str, ...],
+    ) -> Effects:  # fmt: skip
+        window, done = self.last_window, self.window_telemetry
+        awaiting = window is not None and (done is None or (done.start, done.end) != window)
+        return Effects(
+            validations=validations,
+            reread=reread,
+            rescan=rescan,
+            hot=tuple((p.tier, tuple(self.hot_directories(p.tier))) for p in self.paths),
+            saves_in_progress=self.has_saves_in_progress(),
+            next_due=self.next_due(now),
+            correlate=window if awaiting else None,
+            stall=self.stall_window() if awaiting else None,
+            changed=self.version != version,
+        )
 
     def set_paths(self, paths: tuple[WatchedPath, ...]) -> None:
         """How each tier is watched now (its mode, its filesystem), as the core decided."""
