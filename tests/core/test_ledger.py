@@ -55,3 +55,14 @@ def test_a_late_save_is_a_deadline_miss_and_the_two_counters_sum_to_the_histogra
     assert (state.deadline_misses, state.saves_within_deadline) == (1, 1)
     assert _total(tracker) == 2
     assert [r.outcome for r in state.recent_saves] == ["ok", "late"]
+
+
+def test_an_abort_is_logged_under_the_trackers_name_as_before_the_split(caplog) -> None:
+    tracker = job(abort_after=60)
+    tracker.observe(DURABLE, [], T)
+    tracker.observe(DURABLE, [found("s", WRITING, T + 1)], T + 2)
+    with caplog.at_level("WARNING"):
+        tracker.tick(T + 100)
+    assert [(r.name, r.getMessage().split(":")[0]) for r in caplog.records] == [
+        ("checkpoint_exporter.core.tracker", "save aborted")
+    ]

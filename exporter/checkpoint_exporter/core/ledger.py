@@ -31,7 +31,8 @@ from checkpoint_exporter.model import (
     disk_total,
 )
 
-log = logging.getLogger(__name__)
+# The parts of a JobTracker log as the tracker did before it was split (logger=core.tracker).
+log = logging.getLogger("checkpoint_exporter.core.tracker")
 
 # Save-duration buckets in seconds, few because every job and phase multiplies them; each job
 # adds its own deadline, the boundary its SLO counts against.

@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from checkpoint_exporter.core.base import JobBase
 from checkpoint_exporter.events import Event
 
-log = logging.getLogger(__name__)
+# The parts of a JobTracker log as the tracker did before it was split (logger=core.tracker).
+log = logging.getLogger("checkpoint_exporter.core.tracker")
 
 # A heartbeat this long after a `finished` event is a new run of the job, not the other ranks of
 # the one that finished winding down (each rank heartbeats until its process exits, and a process

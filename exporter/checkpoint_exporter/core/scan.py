@@ -29,7 +29,8 @@ from checkpoint_exporter.model import (
     Verdict,
 )
 
-log = logging.getLogger(__name__)
+# The parts of a JobTracker log as the tracker did before it was split (logger=core.tracker).
+log = logging.getLogger("checkpoint_exporter.core.tracker")
 
 
 @dataclass(eq=False)
