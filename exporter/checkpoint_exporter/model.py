@@ -251,12 +251,32 @@ class JobState:
     # Raised by the core whenever anything above changes: the exposition re-renders a job only
     # when its version moved.
     version: int = 0
+    # Derived once, when the state is built, from the fields above (never passed in, so a
+    # ``replace`` recomputes them): the exposition reads these rather than working them out.
+    # The generation a restore would pick: the newest committed one on the durable tier.
+    newest_committed: Generation | None = field(init=False, default=None)
+    # The newest save's phases: its ranks' (or the disk's, as the core accounted it), else,
+    # when no save ended while this process ran, the newest committed generation's disk total.
+    last_save_phases: tuple[tuple[str, float], ...] = field(init=False, default=())
+
+    def __post_init__(self) -> None:
+        committed = [g for g in self.generations if g.tier == DURABLE and g.state == COMMITTED]
+        newest = max(committed, key=restore_preference, default=None)
+        phases = self.last_phases
+        if not phases and newest is not None and newest.commit_time is not None:
+            phases = (("total", disk_total(newest.start_time, newest.commit_time)),)
+        object.__setattr__(self, "newest_committed", newest)  # frozen: set once, here
+        object.__setattr__(self, "last_save_phases", phases)
+
+
+def disk_total(start: float, commit: float) -> float:
+    """A save's total as the disk tells it: first write to commit, both mtimes on one clock."""
+    return max(0.0, commit - start)
 
 
 def newest_committed(job: JobState) -> Generation | None:
-    """The generation a restore would pick: the newest committed one on the durable tier."""
-    committed = [gen for gen in job.generations if gen.tier == DURABLE and gen.state == COMMITTED]
-    return max(committed, key=restore_preference, default=None)
+    """The generation a restore would pick (``JobState.newest_committed``)."""
+    return job.newest_committed
 
 
 def scanned(job: JobState, tier: str) -> bool:

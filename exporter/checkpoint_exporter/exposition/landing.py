@@ -33,7 +33,6 @@ from checkpoint_exporter.model import (
     JobState,
     SaveRecord,
     Snapshot,
-    newest_committed,
     scanned,
 )
 from checkpoint_exporter.units import MAX_DURATION, format_duration
@@ -331,7 +330,7 @@ def verdict(job: JobState, now: float) -> Verdict:
     checkpoint, and did its last save and restore work. The alerts' conditions, read at once."""
     problems: list[str] = []
     notes: list[str] = []
-    newest = newest_committed(job)
+    newest = job.newest_committed
     interval = _finite(job.interval_seconds, high=MAX_DURATION)
     limit = interval + _finite(job.deadline_seconds, high=MAX_DURATION)
     if not scanned(job, DURABLE):
@@ -416,7 +415,7 @@ def _safe_summary_line(job: JobState, now: float) -> str:
 
 
 def _job_section(job: JobState, now: float) -> str:
-    newest = newest_committed(job)
+    newest = job.newest_committed
     facts = [
         ("layout", job.layout),
         ("interval / deadline", f"{_duration(job.interval_seconds)} / "

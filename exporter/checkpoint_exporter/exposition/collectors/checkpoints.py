@@ -16,10 +16,8 @@ from checkpoint_exporter.model import (
     DURABLE,
     REASONS,
     WRITING,
-    Generation,
     JobState,
     Snapshot,
-    newest_committed,
     scanned,
 )
 
@@ -194,23 +192,17 @@ class CheckpointsCollector(SnapshotCollector):
 
     @classmethod
     def _job(cls, job: JobState, out: dict[MetricSpec, Metric]) -> None:
-        newest = newest_committed(job)
         if scanned(job, DURABLE):  # else another process reads the tree (--scope, --shard)
-            cls._from_tree(job, newest, out)
-        cls._from_clocks(job, newest, out)
+            cls._from_tree(job, out)
+        cls._from_clocks(job, out)
 
     @staticmethod
-    def _from_clocks(
-        job: JobState, newest: Generation | None, out: dict[MetricSpec, Metric]
-    ) -> None:
+    def _from_clocks(job: JobState, out: dict[MetricSpec, Metric]) -> None:
         """The newest save's phases, from this node's ranks' clocks in the spool (a node-scope
         process has these alone), else from the durable tier's mtimes; and the deadline
         accounting, from the process that reads the durable tier."""
         name = [job.name]
-        phases = dict(job.last_phases)
-        if not phases and newest is not None and newest.commit_time is not None:
-            phases = {"total": max(0.0, newest.commit_time - newest.start_time)}  # disk only
-        for phase, seconds in sorted(phases.items()):
+        for phase, seconds in sorted(job.last_save_phases):
             out[LAST_SAVE_PHASE].add_metric([job.name, phase], seconds)
         if job.last_write_end is not None:
             out[LAST_SAVE_WRITE_END].add_metric(name, job.last_write_end)
@@ -231,9 +223,9 @@ class CheckpointsCollector(SnapshotCollector):
         out[SAVES_WITHIN_DEADLINE].add_metric(name, job.saves_within_deadline)
 
     @staticmethod
-    def _from_tree(job: JobState, newest: Generation | None, out: dict[MetricSpec, Metric]) -> None:
+    def _from_tree(job: JobState, out: dict[MetricSpec, Metric]) -> None:
         """What the durable tier's generations say."""
-        name = [job.name]
+        name, newest = [job.name], job.newest_committed
         durable = [gen for gen in job.generations if gen.tier == DURABLE]
         if newest is not None:
             out[LAST_COMMITTED_TIMESTAMP].add_metric(name, newest.commit_time or 0.0)

@@ -1,0 +1,292 @@
+"""The save ledger: one record per save, updated by the disk's evidence and the ranks' events,
+counted exactly once when it ends (committed: histograms and deadline counters; aborted: the
+abort counter), keyed by the save's step or path (core/clocks.py ``save_key``).
+
+A save is accounted when the disk shows its commit or when its ranks' timeline settles,
+whichever comes first; the second account replaces the record's phases and counts nothing
+again (``_accounted``). An abort is counted once whether the ranks or the disk report it
+first (``_failed_saves``).
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field, replace
+
+from checkpoint_exporter.core.base import JobBase
+from checkpoint_exporter.core.clocks import SaveKey, Timeline
+from checkpoint_exporter.core.diagnosis import overlaps
+from checkpoint_exporter.core.generations import Gen
+from checkpoint_exporter.core.skew import skew_tolerance
+from checkpoint_exporter.model import (
+    ABORTED,
+    COMMITTED,
+    STAGING,
+    WRITING,
+    HistogramState,
+    SaveRecord,
+    WindowTelemetry,
+    disk_total,
+)
+
+# The parts of a JobTracker log as the tracker did before it was split (logger=core.tracker).
+log = logging.getLogger("checkpoint_exporter.core.tracker")
+
+# Save-duration buckets in seconds, few because every job and phase multiplies them; each job
+# adds its own deadline, the boundary its SLO counts against.
+DURATION_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600)
+RECENT = 12  # saves and restores each job remembers for the landing page
+COUNTED_KEYS = 256  # saves (and restored generations) whose counted symptoms are remembered
+
+
+class Histogram:
+    def __init__(self, bounds: tuple[float, ...]):
+        self.bounds = tuple(sorted(set(bounds)))
+        self.counts = [0] * (len(self.bounds) + 1)
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+    def state(self) -> HistogramState:
+        return HistogramState(self.bounds, tuple(self.counts), self.sum)
+
+
+@dataclass(eq=False)
+class SaveLedger(JobBase):
+    """Every save's record and the counters it feeds."""
+
+    saves_committed: int = 0
+    saves_aborted: int = 0
+    deadline_misses: int = 0
+    saves_within_deadline: int = 0
+    durations: dict[str, Histogram] = field(default_factory=dict)
+    last_phases: dict[str, float] = field(default_factory=dict)
+    last_write_end: float | None = None
+    last_write_step: int | None = None  # the step of the save last_write_end is of
+    last_write_spread: float | None = None
+    last_window: tuple[float, float] | None = None  # the newest finished save: start, commit
+    window_telemetry: WindowTelemetry | None = None
+    recent_saves: deque[SaveRecord] = field(default_factory=lambda: deque(maxlen=RECENT))
+    _accounted: OrderedDict[SaveKey, None] = field(default_factory=OrderedDict)
+    # The record of each recent save, by key: a save accounted twice (the disk's commit first,
+    # its ranks' events later) keeps one record, and a restore marks the save it was of.
+    _records: OrderedDict[SaveKey, SaveRecord] = field(default_factory=OrderedDict)
+    # Saves the ranks reported failed (save_failed), by key: their generation on disk, if any,
+    # is aborted at once and counted once.
+    _failed_saves: OrderedDict[SaveKey, bool] = field(default_factory=OrderedDict)
+
+    def _commit(self, gen: Gen) -> None:
+        gen.state = COMMITTED
+        self._superseded(gen)
+        if not self._counts(gen):
+            return
+        # An abort counted under this key is over: the next one under it counts again (a fixed
+        # checkpoint_id, or a step saved again after a roll-back).
+        self._failed_saves.pop(self._save_key(gen), None)
+        self.saves_committed += 1
+        commit = gen.found.commit_time or gen.found.last_write_time
+        staged = self._gens.get((STAGING, gen.found.id))
+        if staged is not None:  # a two-tier save started when its staging copy did
+            gen.start_time = min(gen.start_time, staged.start_time)
+        duration = disk_total(gen.start_time, commit)
+        key = self._save_key(gen)
+        if key in self._accounted:
+            return  # its events already told the whole story
+        timeline = self.clocks.saves.get(key) if key else None
+        if timeline is not None:
+            # Its ranks know the phases, on this node's clock; the durable commit, moved onto
+            # that clock, is where a two-tier save ends.
+            timeline.disk_total, timeline.durable_commit = duration, self.local_time(commit)
+            return  # the next tick settles it
+        window = (self.local_time(gen.start_time), self.local_time(commit))
+        self._account({"total": duration}, live=True, key=key, window=window)
+
+    def _account(
+        self, phases: dict[str, float], live: bool, key: SaveKey | None,
+        timeline: Timeline | None = None, window: tuple[float, float] | None = None,
+        diagnosed_live: bool | None = None,
+    ) -> None:  # fmt: skip
+        """One finished save: its phases set the gauges and, if it ended while we ran, the
+        histograms and the deadline count.
+
+        ``live``: counted in the histograms and deadline counters (once per save: not when the
+        disk's commit already counted it). ``diagnosed_live`` (default ``live``): its symptoms
+        are counted (once per save and symptom by ``_mark``, so the ranks' account after the
+        disk's still counts what only the ranks reveal, a straggler)."""
+        window = timeline.window() if timeline is not None else window
+        if window is not None and window != self.last_window:
+            self.last_window, self.window_telemetry = window, None
+        again = key is not None and key in self._accounted
+        if key is not None:
+            self._accounted[key] = None
+            while len(self._accounted) > 256:
+                self._accounted.popitem(last=False)
+        self.last_phases = dict(phases)
+        if timeline is not None:
+            self.last_write_end = timeline.write_end()
+            self.last_write_spread = timeline.write_spread()
+            # Which save that write end is of: cross-node rules compare only the nodes that
+            # wrote the job's newest save (a node the job left still shows its last one).
+            step = timeline.key[1] if timeline.key[0] == "step" else None
+            self.last_write_step = step if isinstance(step, int) else None
+        if window is not None:
+            late = phases.get("total", 0.0) > self.policy.deadline
+            step = key[1] if key is not None and key[0] == "step" else None
+            record = SaveRecord(
+                step if isinstance(step, int) else None, window[0], window[1],
+                tuple(sorted(phases.items())), "late" if late else "ok",
+            )  # fmt: skip
+            record = self._remember(record, key, again)
+            symptoms_live = live if diagnosed_live is None else diagnosed_live
+            self._await_diagnosis(record, key, symptoms_live, phases, timeline, window)
+        if not live:
+            return
+        for phase, seconds in phases.items():
+            self.durations[phase].observe(seconds)
+        # Every observed total is one or the other, so the two counters sum to the histogram's
+        # total count and an SLO ratio needs no bucket series.
+        total = phases.get("total")
+        if total is None:
+            return
+        if total > self.policy.deadline:
+            self.deadline_misses += 1
+        else:
+            self.saves_within_deadline += 1
+
+    def _remember(self, record: SaveRecord, key: SaveKey | None, again: bool) -> SaveRecord:
+        """Add a finished save to the recent ones. Accounted again (the disk's commit first,
+        its ranks' events later), the same save's earlier record is replaced by this fuller
+        one, keeping what a restore found since (their windows overlap, give or take the
+        storage clock's tolerated skew: a new save under the same name, a path saved again, is
+        a new record)."""
+        previous = self._records.get(key) if key is not None and again else None
+        slack = skew_tolerance(self.policy.poll_interval)
+        if (
+            previous is not None
+            and any(r is previous for r in self.recent_saves)
+            and overlaps(previous.start - slack, previous.end + slack, [(record.start, record.end)])
+        ):
+            kept = tuple(s for s in previous.symptoms if s == "unrestorable")
+            record = replace(record, symptoms=kept)
+            self._replace_record(previous, record)
+            if self._pending is not None and self._pending.record is previous:
+                self._pending = None  # superseded before its telemetry came
+        else:
+            self.recent_saves.append(record)
+        if key is not None:
+            self._records[key] = record
+            self._records.move_to_end(key)
+            while len(self._records) > RECENT:
+                self._records.popitem(last=False)
+        return record
+
+    def _abort(self, gen: Gen, reason: str | None = None) -> None:
+        gen.state, gen.last_commit = ABORTED, None
+        if gen.history:
+            return  # found so at start-up: the gauges say so, no counter grows from history
+        found = gen.found
+        key = self._save_key(gen) if self._counts(gen) else None
+        if key is not None and self._failed_saves.get(key):
+            return  # its ranks' save_failed counted (and logged) it already
+        log.warning(
+            "save aborted: job=%s tier=%s generation=%s step=%s reason=%s",
+            self.name, gen.tier, found.id, found.step, reason or "aborted by the writer",
+        )  # fmt: skip
+        if self._counts(gen):
+            self._count_abort(key, gen.start_time, found.last_write_time, found.step)
+
+    def _count_abort(self, key: SaveKey | None, start: float, end: float, step: int | None) -> None:
+        self.saves_aborted += 1
+        self.recent_saves.append(SaveRecord(step, start, end, (), "aborted"))
+        if key is not None:
+            self._failed_saves[key] = True
+            while len(self._failed_saves) > COUNTED_KEYS:
+                self._failed_saves.popitem(last=False)
+
+    def _save_failed(self, key: SaveKey, timeline: Timeline) -> None:
+        """Every rank that started the save here ended it, and none committed: its ranks said
+        it failed. Its generation on disk (if any) is aborted now, not after abort_after; a
+        save that failed before writing anything is counted from its events alone."""
+        reason = f"its ranks reported save_failed: {timeline.errors[-1] if timeline.errors else ''}"
+        aborted = False
+        for gen in list(self._gens.values()):
+            if gen.state == WRITING and self._save_key(gen) == key:
+                self._abort(gen, reason.rstrip(": "))
+                aborted = aborted or self._counts(gen)
+        self._still_writing()
+        if aborted or not timeline.live or not self._counts_saves():
+            return
+        window = timeline.window()
+        starts = [e["save_start"] for e in timeline.ranks.values() if "save_start" in e]
+        ends = [ts for e in timeline.ranks.values() for ts in e.values()]
+        start = window[0] if window else (min(starts) if starts else max(ends))
+        step = key[1] if key[0] == "step" and isinstance(key[1], int) else None
+        log.warning(
+            "save aborted: job=%s step=%s reason=%s", self.name, step, reason.rstrip(": ")
+        )  # fmt: skip
+        self._count_abort(key, start, max(ends), step)
+
+    def _settle_saves(self, now: float) -> bool:
+        """Account the saves whose ranks all reported, or that expired; whether any did."""
+        settled = False
+        two_tier = self._two_tier()
+        expired = self._timeline_expiry()
+        for key, timeline in list(self.clocks.saves.items()):
+            if timeline.finished(now):
+                pending = two_tier and timeline.committed and timeline.durable_commit is None
+                if pending and now - timeline.first_seen <= expired:
+                    continue  # the ranks committed to staging; the deadline is durable
+                del self.clocks.saves[key]
+                settled = True
+                if not timeline.committed:
+                    self._save_failed(key, timeline)
+                else:
+                    # Counted already when the disk showed the commit before any of its events
+                    # (the spool behind): the ranks' account then sets the gauges only, and
+                    # counts the symptoms only they reveal (``_mark`` counts each once a save).
+                    live = timeline.live and key not in self._accounted
+                    self._account(timeline.phases(), live, key, timeline, None, timeline.live)
+            elif now - timeline.first_seen > expired:
+                del self.clocks.saves[key]  # some rank never reported: fall back to the disk
+                settled = True
+                if timeline.disk_total is not None:
+                    live = timeline.live and key not in self._accounted
+                    self._account(
+                        {"total": timeline.disk_total}, live, key, timeline, None, timeline.live
+                    )
+        return settled
+
+    def _record_of(self, key: SaveKey | None) -> SaveRecord | None:
+        """The remembered save a restore of ``key`` was of: the same step, or the same path."""
+        if key is None:
+            return None
+        if key[0] == "step":
+            return next((r for r in reversed(self.recent_saves) if r.step == key[1]), None)
+        record = self._records.get(key)
+        remembered = record is not None and any(r is record for r in self.recent_saves)
+        return record if remembered else None
+
+    def _replace_record(self, old: SaveRecord, new: SaveRecord) -> None:
+        """Put ``new`` where ``old`` is in the recent saves (and the key map); the newest
+        save's verdict follows it."""
+        for index, other in enumerate(self.recent_saves):
+            if other is old:
+                self.recent_saves[index] = new
+        for key, other in self._records.items():
+            if other is old:
+                self._records[key] = new
+        if self._newest_save() is new:
+            self.last_save_symptoms = new.symptoms
+
+    def _newest_save(self) -> SaveRecord | None:
+        """The newest finished (not aborted) save: the one checkpoint_last_save_symptom_info
+        describes."""
+        return next((r for r in reversed(self.recent_saves) if r.outcome != "aborted"), None)
