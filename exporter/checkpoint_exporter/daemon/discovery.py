@@ -174,7 +174,8 @@ class Discovering:
 
     def _idle(self, name: str, entry: DiscoverConfig) -> bool:
         job = self.tracker.jobs[name]
-        if job.has_saves_in_progress():
+        effects = self._effects.get(name)
+        if effects is not None and effects.saves_in_progress:
             return False
         silent = self.clock() - self._last_activity(name)
         return job.finished or silent > entry.policy.interval + entry.policy.deadline

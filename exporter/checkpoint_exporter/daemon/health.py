@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+from collections import Counter
 from collections.abc import Callable
 
 from checkpoint_exporter.daemon.messages import Probed
@@ -156,6 +157,16 @@ class Health:
             self._node = node
             self._republish = True
 
+    def _events_dropped(self) -> Counter[str]:
+        """Events refused, by reason: by the spool reader, and by the jobs' clocks (their caps
+        and bounds), the forgotten jobs' included: one counter to the scrape."""
+        total = Counter(self.spool.dropped_total)
+        total.update(self._dropped_by_forgotten)
+        for job in self.tracker.jobs.values():
+            if job.clocks.dropped:
+                total.update(job.clocks.dropped)
+        return total
+
     def _publish(self) -> None:
         health = self._health_state()
         if not (self._republish or self._changed_jobs):
@@ -169,7 +180,7 @@ class Health:
             scan_errors=self._scan_errors,
             spool_events=tuple(sorted(self.spool.events_total.items())),
             spool_invalid=tuple(sorted(self.spool.invalid_total.items())),
-            spool_dropped=tuple(sorted(self.spool.dropped_total.items())),
+            spool_dropped=tuple(sorted(self._events_dropped().items())),
             spool_dropped_bytes=tuple(sorted(self.spool.dropped_bytes_total.items())),
             spool_squatted=tuple(sorted(self.spool.squatted.items())),
             spool_backlog_bytes=self.spool.backlog_bytes,

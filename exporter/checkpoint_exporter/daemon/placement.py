@@ -7,6 +7,7 @@ import logging
 import os
 
 from checkpoint_exporter.config import NODE, SHARED, JobConfig, Policy
+from checkpoint_exporter.core.inputs import PathsPlaced
 from checkpoint_exporter.core.tracker import JobTracker
 from checkpoint_exporter.daemon.messages import Placed
 from checkpoint_exporter.daemon.state import (
@@ -72,8 +73,6 @@ class Placement:
             earlier = self._lives.pop(name, None)
             if earlier is not None:
                 self.tracker.jobs[name].take_life(earlier)
-        # One counter for what the reader refused and what the job's clocks gave up.
-        self.tracker.jobs[name].clocks.dropped = self.spool.dropped_total
         self._publish_paths(source)
         for tier in tiers:
             if self._outside(tier):
@@ -87,6 +86,10 @@ class Placement:
 
     def _remove(self, name: str) -> None:
         source = self._sources.pop(name, None)
+        job = self.tracker.jobs.get(name)
+        if job is not None:  # what its clocks gave up stays counted (spool_dropped)
+            self._dropped_by_forgotten.update(job.clocks.dropped)
+        self._effects.pop(name, None)
         self.tracker.forget(name)
         self._changed_jobs.add(name)
         self._held.discard(name)
@@ -182,16 +185,15 @@ class Placement:
         self._timers.soon(tier.key, self.monotonic())
 
     def _publish_paths(self, source: Source) -> None:
-        self.tracker.jobs[source.name].set_paths(
-            tuple(
-                WatchedPath(
-                    t.tier, t.path, t.mode, t.mountpoint, scanned=self._read_here(t),
-                    missing=t.missing, unreadable=t.unreadable,
-                )
-                for t in source.tiers
+        paths = tuple(
+            WatchedPath(
+                t.tier, t.path, t.mode, t.mountpoint, scanned=self._read_here(t),
+                missing=t.missing, unreadable=t.unreadable,
             )
+            for t in source.tiers
         )  # fmt: skip
-        self._changed_jobs.add(source.name)
+        self._apply(source.name, PathsPlaced(paths, self.clock()))
+        self._changed_jobs.add(source.name)  # a job just added publishes with its first paths
 
     def _outside(self, tier: Tier) -> bool:
         """The tier's scope is known, and this process does not serve it (for this job)."""

@@ -8,6 +8,7 @@ import math
 import time
 from collections.abc import Callable, Collection, Sequence
 
+from checkpoint_exporter.core.inputs import TierRead
 from checkpoint_exporter.daemon.messages import Read
 from checkpoint_exporter.daemon.state import (
     STUCK_SECONDS,
@@ -102,8 +103,8 @@ class Reads:
         self, source: Source, tier: Tier, now: float, final: Sequence[str] = ()
     ) -> None:
         assert tier.reader is not None
-        job = self.tracker.jobs[source.name]
-        hot = job.hot_directories(tier.tier)
+        effects = self._effects.get(source.name)
+        hot = list(dict(effects.hot).get(tier.tier, ())) if effects is not None else []
         reconcile = 0 if final else tier.reconcile_wanted
         force = reconcile > tier.reconcile_done
         touched = () if final else _below(tier.path, tier.touched)
@@ -152,7 +153,6 @@ class Reads:
             return  # removed while read
         now, wall = self.monotonic(), self.clock()
         name = source.name
-        job = self.tracker.jobs[name]
         if not tier.first_done:
             tier.first_done, tier.first_entries = (
                 True,
@@ -184,21 +184,19 @@ class Reads:
             self._publish_paths(source)
         self._scan_errors += result.errors
         self._scans.observe(result.seconds)
-        observed = job.observe(tier.tier, result.found, wall, result.unreadable, result.layout)
-        if observed.just_committed and not result.final:
+        read = TierRead(
+            tier.tier, result.found, wall, result.unreadable, result.layout, final=result.final
+        )
+        effects = self._apply(name, read)
+        committed = dict(effects.reread).get(tier.tier) if effects is not None else None
+        if committed:
             # Sizes were last statted mid-write: one full read of what just committed, and the
             # job's published state waits for it.
-            committed = ["" if gen_id == "." else gen_id for gen_id in observed.just_committed]
             self._held.add(name)
             self._submit_read(source, tier, now, final=committed)
         else:
             self._held.discard(name)
-        validator = self._validators[tier.worker]
-        for request in observed.requests:
-            job.submitted(request)
-            validator.submit(request, tier.path, tier.reader.follow_root_symlink, tier.reader.tree)
-        self._changed_jobs.add(name)
-        self._schedule_job(name, now, wall)
+        self._changed_jobs.add(name)  # held or released: published either way
         if not tier.pending:
             self._schedule_read(source, tier, now)
         self._health_changed()
@@ -211,7 +209,8 @@ class Reads:
         due = []
         if tier.mode == POLL:
             due.append(_on_grid(tier.last_read + source.policy.poll_interval))
-        if self.tracker.jobs[source.name].has_saves_in_progress():
+        effects = self._effects.get(source.name)
+        if effects is not None and effects.saves_in_progress:
             due.append(tier.last_read + HOT_RESCAN_SECONDS)
         if due:
             self._timers.at(tier.key, min(due))

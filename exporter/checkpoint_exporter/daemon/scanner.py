@@ -41,9 +41,11 @@ import math
 import queue
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 
 from checkpoint_exporter.config import NODE, Config
+from checkpoint_exporter.core.inputs import Effects
 from checkpoint_exporter.core.tracker import (
     Histogram,
     JobTracker,
@@ -181,6 +183,11 @@ class Scanner(Placement, Discovering, Reads, Health, Validation, SpoolSide, Relo
         self._changed_jobs: set[str] = set()  # to publish
         self._reads: dict[str, list[tuple[Callable[[], Read], Tier]]] = {}  # to send
         self._held: set[str] = set()  # jobs whose just-committed files are being read again
+        # Per job, what its core asked for at its last input (JobTracker.apply): hot
+        # directories, saves in progress, the next due time, a telemetry window to correlate.
+        self._effects: dict[str, Effects] = {}
+        # What the clocks of jobs since forgotten refused, still counted in spool_dropped.
+        self._dropped_by_forgotten: Counter[str] = Counter()
         self._republish = True
         self._health: tuple[object, ...] | None = None  # ready, first_scans, mounts, scan_success
         self._ready = False

@@ -9,6 +9,7 @@ import os
 import stat
 from collections.abc import Collection, Iterator, Mapping
 
+from checkpoint_exporter.core.inputs import SpoolEvents
 from checkpoint_exporter.events import Event
 from checkpoint_exporter.sources.spool import HOLD
 
@@ -72,13 +73,9 @@ class SpoolSide:
             by_job.setdefault(event.training_job, []).append(event)
         if self.spool.poll_seconds_total != before:
             self._republish = True
-        now, wall = self.monotonic(), self.clock()
+        wall = self.clock()
         for name, events in by_job.items():
-            job = self.tracker.jobs.get(name)
-            if job is not None:
-                job.apply_events(events, wall)
-                self._changed_jobs.add(name)
-                self._schedule_job(name, now, wall)
+            self._apply(name, SpoolEvents(events, wall))
 
 
 class _SpoolOwners(Mapping[str, "frozenset[int] | None"]):

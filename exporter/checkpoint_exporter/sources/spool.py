@@ -248,8 +248,8 @@ class SpoolReader:
     monotonic: Callable[[], float] = time.monotonic
     events_total: Counter[str] = field(default_factory=Counter)
     invalid_total: Counter[str] = field(default_factory=Counter)
-    # Events refused (future, past, not_drill; and, where the daemon shares this counter with
-    # the jobs' Clocks, open_saves_cap, open_restores_cap, ranks_cap, before_start).
+    # Events refused here (future, past, not_drill). The daemon adds what the jobs' clocks
+    # refuse (open_saves_cap, open_restores_cap, ranks_cap, before_start) when it publishes.
     dropped_total: Counter[str] = field(default_factory=Counter)
     # Bytes never parsed: unknown_job (a directory no configured job owns), backlog (skipped
     # ahead of a file too far behind), owner (a directory or file of a user not the job's).
