@@ -5,17 +5,19 @@ ordering rules the daemon keeps between its inputs."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
 
 from checkpoint_exporter.config import Config, JobConfig, Policy
+from checkpoint_exporter.core.inputs import SpoolEvents
 from checkpoint_exporter.core.tracker import Tracker, ValidationRequest
 from checkpoint_exporter.daemon.scanner import Scanner
 from checkpoint_exporter.daemon.timers import JobDue
 from checkpoint_exporter.daemon.validator import RETRY_UNCHECKED_SECONDS
 from checkpoint_exporter.daemon.workers import InlineWorker
+from checkpoint_exporter.events import Event
 from checkpoint_exporter.model import JobState, Verdict
 
 
@@ -143,3 +145,25 @@ def test_a_validation_retry_is_a_timer(tmp_path: Path) -> None:
     assert [r.generation for r in requests] == [request.generation] * 2
     # Asked again once due: its timer, then the tier's read, then its result, a turn each.
     assert RETRY_UNCHECKED_SECONDS <= loop.clocks.mono - asked <= RETRY_UNCHECKED_SECONDS + 3
+
+
+def test_what_a_jobs_clocks_refuse_is_counted_once_and_outlives_the_job(tmp_path: Path) -> None:
+    """The job's clocks keep their own count (the core writes into no source's counter); the
+    scrape's spool_dropped adds them to the reader's, and a job forgotten takes none away: the
+    counter never goes down."""
+    loop = _loop(tmp_path)
+    _first_read(loop)
+    wall = loop.clocks.wall
+    late = [
+        Event(wall, "save_start", "j", 7, 0, 1, "h", None, None, None),
+        Event(wall - 3600, "committed", "j", 7, 0, 1, "h", None, None, None),  # before its start
+    ]
+    loop.scanner._apply("j", SpoolEvents(late, wall))
+    loop.scanner.turn()
+    dropped = dict(loop.tracker.snapshot.daemon.spool_dropped)
+    assert dropped.get("before_start") == 1
+    assert loop.scanner.spool.dropped_total["before_start"] == 0  # the reader's own, untouched
+    loop.scanner.reload(replace(loop.scanner.config, jobs=()))
+    loop.scanner.turn()
+    assert "j" not in loop.tracker.jobs
+    assert dict(loop.tracker.snapshot.daemon.spool_dropped).get("before_start") == 1

@@ -20,6 +20,7 @@ from checkpoint_exporter.daemon.timers import (
     ProbeDue,
     StuckCheck,
 )
+from checkpoint_exporter.daemon.workers import TaskFailed
 from checkpoint_exporter.model import DaemonState
 from checkpoint_exporter.sources.watch import INOTIFY
 
@@ -103,6 +104,18 @@ class Health:
                 ):
                     tier.confirmed = max(tier.confirmed, probe.at)
         self._health_changed()
+
+    def _task_failed(self, failed: TaskFailed) -> None:
+        """A worker task raised (a bug): logged here, once, counted, and what the core set up
+        for it undone through its fallback (a read batch's tiers read again, a listing retried)."""
+        mountpoint = failed.mountpoint
+        self._task_failures[mountpoint] = self._task_failures.get(mountpoint, 0) + 1
+        self._republish = True
+        log.error("task %r on the worker of %s failed", failed.task,
+                  mountpoint or "(unknown mount)", exc_info=failed.error)  # fmt: skip
+        self._unstick(mountpoint)  # its worker answered
+        if failed.fallback is not None:
+            self._receive(failed.fallback)
 
     def _health_changed(self) -> None:
         """Per-tier view ages moved: republished within HEALTH_REFRESH_SECONDS (not per read)."""

@@ -9,18 +9,18 @@ verdict. What it then does costs what is due:
   ``poll_interval``; a job with a save in progress is read once a second (to see progress,
   settling and aborts); a full reconcile comes every ``scan.reconcile_interval`` and after an
   inotify queue overflow;
-- a job's own timer (``JobTracker.next_due``: abort deadlines, spool timelines to settle,
+- a job's own timer (its ``Effects.next_due``: abort deadlines, spool timelines to settle,
   unchecked generations to ask again, the telemetry window to correlate) fires only when set;
-- the spool is polled on its own timer, every ``SPOOL_POLL_SECONDS``, as before.
+- the spool is polled on its own timer, every ``SPOOL_POLL_SECONDS``.
 
 Every read of a watched path runs on the worker of its filesystem (``daemon.workers``), so a
 hung mount stalls only its own jobs: a task that makes no progress for ``STUCK_SECONDS`` marks
 the mount stuck (``DaemonState.mounts``), its jobs are not read again until the task returns,
 and every other job keeps its latency. Workers hand back values (a scan result per tier); only
-the core thread touches the trackers. Validation reads run on a validator per filesystem, so
-a read hung on one mount holds up no other mount's checks; a hung validation read is not itself
-reported (a hang that stops data reads but not metadata, an object server down, leaves the
-generation unjudged and its mount unflagged).
+the core thread touches a tracker, through ``JobTracker.apply`` alone (daemon/validation.py),
+and acts on the ``Effects`` it returns. Validation reads run on a validator per filesystem, so
+a read hung on one mount holds up no other mount's checks (a hung validation read is not
+itself reported).
 
 A process serves the scopes it is told (``config.serving``: ``--scope``, ``--shard``). A tier of
 a scope it does not serve is never placed, read, watched or validated: an explicit ``scope`` is
@@ -357,18 +357,6 @@ class Scanner(Placement, Discovering, Reads, Health, Validation, SpoolSide, Relo
         elif isinstance(item, ReloadFailed):
             self._reload = (False, self._reload[1])
             self._republish = True
-
-    def _task_failed(self, failed: TaskFailed) -> None:
-        """A worker task raised (a bug): logged here, once, counted, and what the core set up
-        for it undone through its fallback (a read batch's tiers read again, a listing retried)."""
-        mountpoint = failed.mountpoint
-        self._task_failures[mountpoint] = self._task_failures.get(mountpoint, 0) + 1
-        self._republish = True
-        log.error("task %r on the worker of %s failed", failed.task,
-                  mountpoint or "(unknown mount)", exc_info=failed.error)  # fmt: skip
-        self._unstick(mountpoint)  # its worker answered
-        if failed.fallback is not None:
-            self._receive(failed.fallback)
 
     def _due(self, key: TimerKey, now: float) -> None:
         if isinstance(key, ScanDue):
