@@ -1,5 +1,6 @@
-"""The scanner's side of a job's timers and verdicts: the job's timer armed from its tracker,
-verdicts applied, unchecked generations asked again on the job's timer, a save's telemetry
+"""The daemon's one call into a job's core (``JobTracker.apply``) and what it does with the
+``Effects``: validations handed to the validators, tiers read again, the job's timer armed,
+verdicts applied (unchecked generations asked again on the job's timer), a save's telemetry
 window correlated once its samples are in."""
 
 from __future__ import annotations
