@@ -164,8 +164,9 @@ class JobTracker(Scans, Validation, SaveLedger, Restores, Diagnosing, Liveness, 
                 self.apply_verdict(message.request, message.verdict)
         elif isinstance(message, Tick):
             self.tick(message.now)
-            if self.validation_retry_due(message.now):
-                rescan = tuple(path.tier for path in self.paths if path.scanned)
+            validations = tuple(self.due_validations(message.now))
+            for request in validations:
+                self.submitted(request)
         elif isinstance(message, WindowTelemetryIn):
             self.set_window_telemetry(message.telemetry, message.stall_network_bytes)
         elif isinstance(message, PathsPlaced):

@@ -99,11 +99,28 @@ class Validation(JobBase):
                 self._next_retry = min(self._next_retry or not_before, not_before)
 
     def validation_retry_due(self, now: float) -> bool:
-        """A generation left unchecked is due to be asked again (the scanner rescans it)."""
+        """A generation left unchecked is due to be asked again (``due_validations``)."""
         if self._next_retry is None or now < self._next_retry:
             return False
         self._next_retry = None
         return True
+
+    def due_validations(self, now: float) -> list[ValidationRequest]:
+        """The checks whose retry came due, asked again from what the last read saw of each
+        generation: a timer, not a read of the tier (a generation that changed since has been
+        read again anyway, and a verdict on an older signature is dropped)."""
+        if not self.validation_retry_due(now):
+            return []
+        requests = [
+            ValidationRequest(self.name, tier, gen.found.id, gen.signature, gen.found)
+            for (tier, _), gen in self._gens.items()
+            if self._needs_validation(gen, now)
+        ]
+        self._next_retry = min(
+            (g.retry_at for g in self._gens.values() if g.retry_at > now and g.pending is None),
+            default=None,
+        )
+        return requests
 
     def _verdict(self, gen: Gen, verdict: Verdict) -> None:
         first_verdict_of_history = gen.history and gen.validated is None
