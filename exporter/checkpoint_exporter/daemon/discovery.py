@@ -169,16 +169,16 @@ class Discovering:
         return freed
 
     def _last_activity(self, name: str) -> float:
-        job = self.tracker.jobs[name]
-        return job.alive_at if job.alive_at is not None else job.first_seen
+        state = self.tracker.jobs[name].state()  # the published view: no tracker field read
+        return state.alive_at if state.alive_at is not None else state.first_seen
 
     def _idle(self, name: str, entry: DiscoverConfig) -> bool:
-        job = self.tracker.jobs[name]
         effects = self._effects.get(name)
         if effects is not None and effects.saves_in_progress:
             return False
         silent = self.clock() - self._last_activity(name)
-        return job.finished or silent > entry.policy.interval + entry.policy.deadline
+        finished = self.tracker.jobs[name].state().finished
+        return finished or silent > entry.policy.interval + entry.policy.deadline
 
 
 def _list_jobs(discovery: Discovery, root: str, known: frozenset[str]) -> Listed:
