@@ -166,3 +166,70 @@ def test_what_a_jobs_clocks_refuse_is_counted_once_and_outlives_the_job(tmp_path
     loop.scanner.turn()
     assert "j" not in loop.tracker.jobs
     assert dict(loop.tracker.snapshot.daemon.spool_dropped).get("before_start") == 1
+
+
+def test_another_tiers_read_does_not_release_a_held_job(tmp_path: Path) -> None:
+    """A two-tier job: the durable tier's commit holds the job until its full re-read; the
+    staging tier's read, landing in between, used to release it and publish mid-write sizes."""
+    durable, staging = tmp_path / "durable", tmp_path / "staging"
+    for root in (durable, staging):
+        (root / "step-1").mkdir(parents=True)
+        (root / "step-1" / "__0_0.distcp").write_bytes(b"\0" * 16)
+    config = Config(
+        spool=tmp_path / "spool",
+        jobs=(JobConfig("j", durable, staging, Policy(layout="dcp")),),
+    )
+    tracker = Tracker(config)
+    clocks = Clocks(wall=time.time())
+    scanner = Scanner(
+        config, tracker, watcher_factory=None, clock=lambda: clocks.wall,
+        monotonic=lambda: clocks.mono, worker_factory=InlineWorker,
+    )  # fmt: skip
+    finals: list[tuple[str, bool]] = []
+    read_done = scanner._read_done
+    scanner._read_done = lambda r: (finals.append((r.tier.tier, r.final)), read_done(r))  # type: ignore[method-assign]
+    scanner.turn()
+    scanner.turn()
+    (before,) = tracker.snapshot.jobs
+    (durable / "step-1" / ".metadata").write_bytes(b"not parsed here")  # the durable commit
+    (staging / "step-1" / "__0_1.distcp").write_bytes(b"\0" * 16)  # staging writes on
+    scanner._changed("j", str(durable / "step-1" / ".metadata"))
+    scanner._changed("j", str(staging / "step-1" / "__0_1.distcp"))
+    scanner.turn()
+    clocks.advance(1.0)
+    scanner.turn()  # both reads sent, in one batch
+    finals.clear()
+    scanner.turn()  # durable: committed, held, re-read sent; staging: read, nothing to re-read
+    assert finals == [("durable", False), ("staging", False)]
+    assert tracker.snapshot.jobs == (before,)  # still held
+    scanner.turn()  # the durable tier's full re-read
+    assert ("durable", True) in finals
+    (after,) = tracker.snapshot.jobs
+    assert after.saves_committed == 1
+
+
+def test_a_placement_that_raises_is_placed_again_after_a_pause(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tier whose placement raised was never placed again: never read, never ready."""
+    calls: list[str] = []
+    place = Scanner._place
+
+    def flaky(self: Scanner, tier, policy):  # type: ignore[no-untyped-def]
+        calls.append(tier.path)
+        if len(calls) == 1:
+            raise RuntimeError("a bug in placing")
+        return place(self, tier, policy)
+
+    monkeypatch.setattr(Scanner, "_place", flaky)
+    loop = _loop(tmp_path)
+    scanner = loop.scanner
+    scanner.turn()  # the failure arrives: counted, placed again after a pause
+    (tier,) = scanner._sources["j"].tiers
+    assert tier.reader is None and tier.place_failed and len(calls) == 1
+    for _ in range(5):
+        loop.clocks.advance(1.0)
+        scanner.turn()
+    assert len(calls) == 2 and tier.reader is not None
+    assert dict(loop.tracker.snapshot.daemon.worker_task_failures) == {tier.worker: 1}
+    assert scanner.readiness() is None

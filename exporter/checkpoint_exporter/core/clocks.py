@@ -196,8 +196,8 @@ class Clocks:
 
     saves: dict[SaveKey, Timeline] = field(default_factory=dict)
     restores: dict[tuple[SaveKey | None, str, bool], RestoreRun] = field(default_factory=dict)
-    # Events refused and saves or restores given up, by reason; the daemon may hand every job
-    # the spool reader's ``dropped_total`` so that one counter holds them all.
+    # Events refused and saves or restores given up, by reason: the job's own count, which the
+    # daemon adds to the spool reader's when it publishes (spool_dropped).
     dropped: Counter[str] = field(default_factory=Counter)
 
     def add(self, events: Iterable[Event], now: float) -> None:

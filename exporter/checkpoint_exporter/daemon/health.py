@@ -213,11 +213,11 @@ class Health:
             worker_task_failures=tuple(sorted(self._task_failures.items())),
         )
         if self.telemetry is None:
-            self.tracker.publish(daemon, changed=self._changed_jobs, held=self._held)
+            self.tracker.publish(daemon, changed=self._changed_jobs, held=set(self._held))
         else:
             filesystems, available = self._node
             self.tracker.publish(
-                daemon, filesystems, available, changed=self._changed_jobs, held=self._held
+                daemon, filesystems, available, changed=self._changed_jobs, held=set(self._held)
             )
         self._changed_jobs = set()
         self._republish = False

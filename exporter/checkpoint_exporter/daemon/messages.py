@@ -27,6 +27,13 @@ class Placed:
 
 
 @dataclass(frozen=True)
+class PlaceFailed:
+    """Placing the tier raised on its worker (a bug): placed again after a pause."""
+
+    tier: Tier
+
+
+@dataclass(frozen=True)
 class Read:
     tier: Tier
     found: list[layouts.Found]

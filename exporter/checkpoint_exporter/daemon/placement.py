@@ -9,7 +9,7 @@ import os
 from checkpoint_exporter.config import NODE, SHARED, JobConfig, Policy
 from checkpoint_exporter.core.inputs import PathsPlaced
 from checkpoint_exporter.core.tracker import JobTracker
-from checkpoint_exporter.daemon.messages import Placed
+from checkpoint_exporter.daemon.messages import Placed, PlaceFailed
 from checkpoint_exporter.daemon.state import (
     PROBE_SECONDS,
     STUCK_SECONDS,
@@ -77,12 +77,27 @@ class Placement:
         for tier in tiers:
             if self._outside(tier):
                 continue  # not even placed: placing stats the path
-            self._worker(tier.worker).submit(
-                lambda tier=tier: self._place(tier, policy), name=f"place {tier.path}"
-            )
-            # Placing stats the path: a mount hung before the start is found stuck here.
-            self._timers.soon(StuckCheck(tier.worker), self.monotonic() + STUCK_SECONDS)
+            self._submit_place(tier, policy)
         self._health = self._reserves = None
+
+    def _submit_place(self, tier: Tier, policy: Policy) -> None:
+        tier.place_failed = False
+        self._worker(tier.worker).submit(
+            lambda: self._place(tier, policy),
+            name=f"place {tier.path}",
+            fallback=lambda error: PlaceFailed(tier),
+        )
+        # Placing stats the path: a mount hung before the start is found stuck here.
+        self._timers.soon(StuckCheck(tier.worker), self.monotonic() + STUCK_SECONDS)
+
+    def _place_failed(self, failed: PlaceFailed) -> None:
+        """Placed again after a pause that grows while it keeps failing, as a failed read is:
+        a tier never placed is never read, and the exporter would never be ready."""
+        tier = failed.tier
+        tier.place_failed = True
+        tier.failures += 1
+        tier.retry_at = self.monotonic() + min(60.0, 0.5 * 2**tier.failures)
+        self._timers.at(tier.key, tier.retry_at)
 
     def _remove(self, name: str) -> None:
         source = self._sources.pop(name, None)
@@ -92,7 +107,7 @@ class Placement:
         self._effects.pop(name, None)
         self.tracker.forget(name)
         self._changed_jobs.add(name)
-        self._held.discard(name)
+        self._held.pop(name, None)
         self._timers.cancel(JobDue(name))
         for tier in source.tiers if source is not None else ():
             self._timers.cancel(tier.key)

@@ -89,6 +89,12 @@ class Reads:
     def _scan_due(self, name: str, tier_name: str, now: float) -> None:
         source = self._sources.get(name)
         tier = next((t for t in source.tiers if t.tier == tier_name), None) if source else None
+        if tier is not None and tier.place_failed and source is not None:
+            if now < tier.retry_at:
+                self._timers.soon(tier.key, tier.retry_at)
+            else:
+                self._submit_place(tier, source.policy)
+            return
         if tier is None or tier.reader is None:
             return  # gone, or not placed yet (placing schedules its first read)
         if tier.pending or self._workers[tier.worker].stuck:
@@ -108,9 +114,10 @@ class Reads:
         reconcile = 0 if final else tier.reconcile_wanted
         force = reconcile > tier.reconcile_done
         touched = () if final else _below(tier.path, tier.touched)
-        if not final:
+        if not final:  # a final read leaves what the watcher asked for meanwhile to the next
             tier.touched = set()
-        tier.pending, tier.again = True, False
+            tier.again = False
+        tier.pending = True
         options = Options(verify_checksums=source.policy.verify_checksums)
         fixed = source.fixed_layout
 
@@ -168,7 +175,7 @@ class Reads:
             tier.failures += 1
             tier.reconcile_wanted += 1
             tier.retry_at = now + min(60.0, 0.5 * 2**tier.failures)
-            self._held.discard(name)
+            self._release(name, tier.tier)
             self._changed_jobs.add(name)
             self._timers.at(tier.key, tier.retry_at)
             return
@@ -192,14 +199,22 @@ class Reads:
         if committed:
             # Sizes were last statted mid-write: one full read of what just committed, and the
             # job's published state waits for it.
-            self._held.add(name)
+            self._held.setdefault(name, set()).add(tier.tier)
             self._submit_read(source, tier, now, final=committed)
         else:
-            self._held.discard(name)
+            self._release(name, tier.tier)
         self._changed_jobs.add(name)  # held or released: published either way
         if not tier.pending:
             self._schedule_read(source, tier, now)
         self._health_changed()
+
+    def _release(self, name: str, tier: str) -> None:
+        """The tier's read of what just committed is in (or failed): it holds the job no more."""
+        held = self._held.get(name)
+        if held is not None:
+            held.discard(tier)
+            if not held:
+                del self._held[name]
 
     def _schedule_read(self, source: Source, tier: Tier, now: float) -> None:
         """The tier's next read: now if asked for meanwhile, else its poll or hot re-read."""

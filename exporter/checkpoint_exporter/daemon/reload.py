@@ -43,9 +43,9 @@ class Reloading:
                 self._remove(name)
             else:
                 added.append(name)
+            if earlier is not None:  # taken over by the new tracker before its first input
+                self._lives[name] = earlier
             self._add(name, job_paths(job), job.policy, None, job)
-            if earlier is not None:
-                self.tracker.jobs[name].take_life(earlier)
         roots = {str(d.entry.root): d for d in self._discoveries}
         # A root whose entry changed (its policy, max_jobs): its jobs are found again under it.
         changed_roots = {

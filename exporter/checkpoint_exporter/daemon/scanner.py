@@ -61,6 +61,7 @@ from checkpoint_exporter.daemon.messages import (
     Lost,
     Overflowed,
     Placed,
+    PlaceFailed,
     Probed,
     Read,
     Reload,
@@ -182,7 +183,9 @@ class Scanner(Placement, Discovering, Reads, Health, Validation, SpoolSide, Relo
         self._discoveries = [Discovery(entry) for entry in config.discover]
         self._changed_jobs: set[str] = set()  # to publish
         self._reads: dict[str, list[tuple[Callable[[], Read], Tier]]] = {}  # to send
-        self._held: set[str] = set()  # jobs whose just-committed files are being read again
+        # Per job, the tiers whose just-committed files are being read again: the job publishes
+        # once none is (another tier's read does not release it).
+        self._held: dict[str, set[str]] = {}
         # Per job, what its core asked for at its last input (JobTracker.apply): hot
         # directories, saves in progress, the next due time, a telemetry window to correlate.
         self._effects: dict[str, Effects] = {}
@@ -340,6 +343,8 @@ class Scanner(Placement, Discovering, Reads, Health, Validation, SpoolSide, Relo
             self._read_done(item)
         elif isinstance(item, Placed):
             self._placed(item)
+        elif isinstance(item, PlaceFailed):
+            self._place_failed(item)
         elif isinstance(item, Listed):
             self._listed(item)
         elif isinstance(item, Probed):

@@ -55,6 +55,7 @@ class Tier:
     failures: int = 0  # reads in a row that raised
     retry_at: float = 0.0  # after a failed read, not again before this (monotonic)
     missing: bool = False  # its last read found no directory there
+    place_failed: bool = False  # its placement raised: placed again at retry_at
     unreadable: int = 0  # directories its last read could not read
 
     @property
