@@ -104,6 +104,7 @@ class Placement:
         job = self.tracker.jobs.get(name)
         if job is not None:  # what its clocks gave up stays counted (spool_dropped)
             self._dropped_by_forgotten.update(job.clocks.dropped)
+        self._dropping.discard(name)
         self._effects.pop(name, None)
         self.tracker.forget(name)
         self._changed_jobs.add(name)

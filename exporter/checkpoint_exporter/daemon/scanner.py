@@ -189,7 +189,8 @@ class Scanner(Placement, Discovering, Reads, Health, Validation, SpoolSide, Relo
         # Per job, what its core asked for at its last input (JobTracker.apply): hot
         # directories, saves in progress, the next due time, a telemetry window to correlate.
         self._effects: dict[str, Effects] = {}
-        # What the clocks of jobs since forgotten refused, still counted in spool_dropped.
+        # Jobs whose clocks refused events, and what forgotten jobs' refused (spool_dropped).
+        self._dropping: set[str] = set()
         self._dropped_by_forgotten: Counter[str] = Counter()
         self._republish = True
         self._health: tuple[object, ...] | None = None  # ready, first_scans, mounts, scan_success

@@ -26,6 +26,8 @@ class Validation:
             return None
         effects = job.apply(message)
         self._effects[name] = effects
+        if job.clocks.dropped:
+            self._dropping.add(name)
         now = self.monotonic()
         source = self._sources.get(name)
         tiers = {tier.tier: tier for tier in source.tiers} if source is not None else {}
