@@ -36,13 +36,11 @@ def test_a_save_from_first_write_to_its_diagnosis() -> None:
     assert writing.next_due == pytest.approx(T + 2 + 300, abs=0.1)  # its abort deadline
     done = found("step_1", COMMITTED, T + 1, T + 20, step=1)
     committed = tracker.apply(TierRead(DURABLE, [done], T + 21))
-    assert committed.reread == ((DURABLE, ("step_1",)),)  # statted mid-write: read it in full
     assert [r.generation for r in committed.validations] == ["step_1"]
     assert committed.hot == ((DURABLE, ()),) and not committed.saves_in_progress
     assert committed.correlate == (T + 1, T + 20)
-    # The full read: nothing more to read, and the request already on its way is not repeated.
-    final = tracker.apply(TierRead(DURABLE, [done], T + 21, final=True))
-    assert (final.reread, final.validations) == ((), ())
+    # Read again: the request already on its way is not repeated.
+    assert tracker.apply(TierRead(DURABLE, [done], T + 21)).validations == ()
     judged = tracker.apply(VerdictIn(committed.validations[0], Verdict(True), T + 22))
     assert judged.changed
     assert tracker.state().last_committed_valid is True
@@ -86,7 +84,7 @@ def test_a_validation_without_a_verdict_is_asked_again() -> None:
     # It moved while it was read: its tier is read again now, and asks for it again.
     moved = tracker.apply(VerdictIn(request, None, T + 4))
     assert moved.rescan == (DURABLE,)
-    again = tracker.apply(TierRead(DURABLE, [done], T + 4, final=True))
+    again = tracker.apply(TierRead(DURABLE, [done], T + 4))
     assert [r.generation for r in again.validations] == ["s"]
     # Its checks could not run: asked again at not_before, through the tick.
     tracker.apply(Tick(T + 20))  # the save's diagnosis no longer waits for its telemetry

@@ -87,33 +87,31 @@ def test_the_spool_is_read_before_the_disk_results_of_the_same_turn(
     assert calls == ["spool", "disk"]
 
 
-def test_a_committed_generation_is_read_again_once_before_the_job_publishes(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Sizes were statted mid-write: the job's published state waits for one full read of what
-    just committed."""
+def test_a_commit_is_published_with_the_sizes_statted_after_it(tmp_path: Path) -> None:
+    """The read that sees a generation commit states its files again in full, in the same task:
+    the commit is never published with the sizes of the save in progress (nor held back for a
+    second read)."""
     loop = _loop(tmp_path)
     scanner = loop.scanner
-    finals: list[bool] = []
-    read_done = scanner._read_done
-    monkeypatch.setattr(scanner, "_read_done", lambda r: (finals.append(r.final), read_done(r)))
+    (loop.job / "step-1" / "model").mkdir()
+    shard = loop.job / "step-1" / "model" / "__0_0.distcp"
+    shard.write_bytes(b"\0" * 16)
     _first_read(loop)
-    before = loop.job_state()
-    assert before.saves_committed == 0
+    (writing,) = loop.job_state().generations
+    assert writing.bytes == 32
 
-    (loop.job / "step-1" / ".metadata").write_bytes(b"not parsed here")  # the commit
-    scanner._changed("j", str(loop.job / "step-1" / ".metadata"))  # the watcher's event
+    # Nothing told the daemon of the shard growing (a modification the watcher coalesced away,
+    # or no watcher at all); the marker's event is the only one.
+    shard.write_bytes(b"\0" * 4096)
+    (loop.job / "step-1" / ".metadata").write_bytes(b"not parsed here")
+    scanner._changed("j", str(loop.job / "step-1" / ".metadata"))
     scanner.turn()  # the event: a read coalesced, not due yet
     loop.clocks.advance(1.0)
     scanner.turn()  # the read is due: sent
-    scanner.turn()  # it sees the commit: the job is held, the final read sent
-    assert finals == [False, False]
-    assert loop.job_state() is before  # held: not published until re-read
-    scanner.turn()  # the final read
-    assert finals == [False, False, True]
-    assert loop.job_state().saves_committed == 1
-    scanner.turn()
-    assert finals == [False, False, True]  # once
+    scanner.turn()  # applied: the commit, with every file statted after it
+    (committed,) = loop.job_state().generations
+    assert committed.state == "committed" and loop.job_state().saves_committed == 1
+    assert committed.bytes == 16 + 4096 + len(b"not parsed here")
 
 
 def test_a_validation_retry_is_a_timer(tmp_path: Path) -> None:
@@ -166,46 +164,6 @@ def test_what_a_jobs_clocks_refuse_is_counted_once_and_outlives_the_job(tmp_path
     loop.scanner.turn()
     assert "j" not in loop.tracker.jobs
     assert dict(loop.tracker.snapshot.daemon.spool_dropped).get("before_start") == 1
-
-
-def test_another_tiers_read_does_not_release_a_held_job(tmp_path: Path) -> None:
-    """A two-tier job: the durable tier's commit holds the job until its full re-read; the
-    staging tier's read, landing in between, used to release it and publish mid-write sizes."""
-    durable, staging = tmp_path / "durable", tmp_path / "staging"
-    for root in (durable, staging):
-        (root / "step-1").mkdir(parents=True)
-        (root / "step-1" / "__0_0.distcp").write_bytes(b"\0" * 16)
-    config = Config(
-        spool=tmp_path / "spool",
-        jobs=(JobConfig("j", durable, staging, Policy(layout="dcp")),),
-    )
-    tracker = Tracker(config)
-    clocks = Clocks(wall=time.time())
-    scanner = Scanner(
-        config, tracker, watcher_factory=None, clock=lambda: clocks.wall,
-        monotonic=lambda: clocks.mono, worker_factory=InlineWorker,
-    )  # fmt: skip
-    finals: list[tuple[str, bool]] = []
-    read_done = scanner._read_done
-    scanner._read_done = lambda r: (finals.append((r.tier.tier, r.final)), read_done(r))  # type: ignore[method-assign]
-    scanner.turn()
-    scanner.turn()
-    (before,) = tracker.snapshot.jobs
-    (durable / "step-1" / ".metadata").write_bytes(b"not parsed here")  # the durable commit
-    (staging / "step-1" / "__0_1.distcp").write_bytes(b"\0" * 16)  # staging writes on
-    scanner._changed("j", str(durable / "step-1" / ".metadata"))
-    scanner._changed("j", str(staging / "step-1" / "__0_1.distcp"))
-    scanner.turn()
-    clocks.advance(1.0)
-    scanner.turn()  # both reads sent, in one batch
-    finals.clear()
-    scanner.turn()  # durable: committed, held, re-read sent; staging: read, nothing to re-read
-    assert finals == [("durable", False), ("staging", False)]
-    assert tracker.snapshot.jobs == (before,)  # still held
-    scanner.turn()  # the durable tier's full re-read
-    assert ("durable", True) in finals
-    (after,) = tracker.snapshot.jobs
-    assert after.saves_committed == 1
 
 
 def test_a_placement_that_raises_is_placed_again_after_a_pause(

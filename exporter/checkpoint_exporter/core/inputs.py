@@ -17,15 +17,14 @@ from checkpoint_exporter.model import Found, Verdict, WatchedPath, WindowTelemet
 @dataclass(frozen=True)
 class TierRead:
     """One read of a tier. ``unreadable``: the relative paths it could not read ("" for the
-    root); ``layout``: the layout it detected (None when fixed or not known yet); ``final``:
-    the full read of generations that had just committed (asked for by ``Effects.reread``)."""
+    root); ``layout``: the layout it detected (None when fixed or not known yet). What it shows
+    committed was statted after its commit (daemon/reads.py ``_read_tier``)."""
 
     tier: str
     found: Sequence[Found]
     now: float
     unreadable: Sequence[str] = ()
     layout: str | None = None
-    final: bool = False
 
 
 @dataclass(frozen=True)
@@ -82,9 +81,6 @@ class Effects:
 
     # Hand each to a validator: already marked submitted (not asked for again meanwhile).
     validations: tuple[ValidationRequest, ...] = ()
-    # Per tier, the generations (listing paths) that just committed while their files were
-    # last statted mid-write: read them once more, in full, and apply that as a final read.
-    reread: tuple[tuple[str, tuple[str, ...]], ...] = ()
     rescan: tuple[str, ...] = ()  # tiers to read again now (a validation to ask again)
     # Per tier, the generations being written: their files are re-statted while hot.
     hot: tuple[tuple[str, tuple[str, ...]], ...] = ()

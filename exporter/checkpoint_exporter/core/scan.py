@@ -41,7 +41,6 @@ class Scans(JobBase):
     # readable is history, and no save behind it is aborted while it cannot be seen.
     _unreadable: dict[str, frozenset[str]] = field(default_factory=dict)
     _hidden_since: dict[str, float] = field(default_factory=dict)  # when that began, per tier
-    _just_committed: list[str] = field(default_factory=list)
 
     def observe(
         self,
@@ -73,7 +72,6 @@ class Scans(JobBase):
             self._hidden_since.pop(tier, None)
         elif not hidden_before:
             self._hidden_since[tier] = now
-        self._just_committed = []
         self.skew.saw(now)
         self._scanned.add(tier)
         changed = first
@@ -129,7 +127,7 @@ class Scans(JobBase):
         self._update_drain()
         # Newest first, so the generation a restore would pick is judged first.
         requests.sort(key=lambda r: r.found.commit_time or 0.0, reverse=True)
-        return Observed(requests, tuple(self._just_committed))
+        return Observed(requests)
 
     def _new(self, tier: str, item: Found, now: float, first: bool) -> Gen:
         gen = Gen(item, tier, item.state, item.start_time, now, history=first, found_at=now)
@@ -173,7 +171,6 @@ class Scans(JobBase):
             self._recommit(gen, item, now)
         elif happened is Happened.COMMITTED:
             self._commit(gen)
-            self._just_committed.append(item.id)
             if not item.checks and not item.invalid:
                 gen.valid, gen.validated = True, gen.signature
         elif happened is Happened.ABORTED:
@@ -199,7 +196,6 @@ class Scans(JobBase):
         gen.start_time, gen.progress_at = item.start_time, now
         gen.valid = gen.invalid_reason = gen.validated = gen.pending = None
         self._commit(gen)
-        self._just_committed.append(item.id)
         if not item.checks and not item.invalid:
             gen.valid, gen.validated = True, gen.signature
 

@@ -24,7 +24,7 @@ from checkpoint_exporter.core.base import SAVE_TIMELINE_EXPIRY as SAVE_TIMELINE_
 from checkpoint_exporter.core.clocks import SETTLE_SECONDS
 from checkpoint_exporter.core.diagnosing import Diagnosing
 from checkpoint_exporter.core.drain import Draining
-from checkpoint_exporter.core.generations import behind, listing_path
+from checkpoint_exporter.core.generations import behind
 from checkpoint_exporter.core.inputs import (
     Effects,
     Input,
@@ -140,7 +140,6 @@ class JobTracker(Scans, Validation, SaveLedger, Restores, Diagnosing, Liveness, 
         """Apply one input (core/inputs.py) and say what the daemon must do next."""
         version = self.version
         validations: tuple[ValidationRequest, ...] = ()
-        reread: tuple[tuple[str, tuple[str, ...]], ...] = ()
         rescan: tuple[str, ...] = ()
         if isinstance(message, TierRead):
             observed = self.observe(
@@ -149,9 +148,6 @@ class JobTracker(Scans, Validation, SaveLedger, Restores, Diagnosing, Liveness, 
             validations = tuple(observed.requests)
             for request in validations:
                 self.submitted(request)
-            if observed.just_committed and not message.final:
-                paths = tuple(listing_path(gen_id) for gen_id in observed.just_committed)
-                reread = ((message.tier, paths),)
         elif isinstance(message, SpoolEvents):
             self.apply_events(message.events, message.now)
         elif isinstance(message, VerdictIn):
@@ -173,17 +169,16 @@ class JobTracker(Scans, Validation, SaveLedger, Restores, Diagnosing, Liveness, 
             self.set_paths(message.paths)
         else:
             raise TypeError(f"not an input of the core: {message!r}")
-        return self._effects(message.now, version, validations, reread, rescan)
+        return self._effects(message.now, version, validations, rescan)
 
     def _effects(
         self, now: float, version: int, validations: tuple[ValidationRequest, ...],
-        reread: tuple[tuple[str, tuple[str, ...]], ...], rescan: tuple[str, ...],
+        rescan: tuple[str, ...],
     ) -> Effects:  # fmt: skip
         window, done = self.last_window, self.window_telemetry
         awaiting = window is not None and (done is None or (done.start, done.end) != window)
         return Effects(
             validations=validations,
-            reread=reread,
             rescan=rescan,
             hot=tuple((p.tier, tuple(self.hot_directories(p.tier))) for p in self.paths),
             saves_in_progress=self.has_saves_in_progress(),
@@ -327,14 +322,12 @@ class Tracker:
         filesystems: tuple[FilesystemState, ...] | None = None,
         telemetry: tuple[tuple[str, bool], ...] | None = None,
         changed: Collection[str] | None = None,
-        held: Collection[str] = (),
     ) -> Snapshot:
         """Swap in a new snapshot, or keep the current one when nothing changed (so a scrape
         can reuse what it rendered for it).
 
         ``changed``: the jobs added, removed or touched since the last publish (None: look at
-        every job), so a publish costs what changed. ``held``: jobs whose published state stays
-        as it was for now (their files are being read once more after a commit)."""
+        every job), so a publish costs what changed."""
         current = self.snapshot
         daemon = daemon if daemon is not None else current.daemon
         filesystems = filesystems if filesystems is not None else current.filesystems
@@ -348,8 +341,6 @@ class Tracker:
             job = self.jobs.get(name)
             if job is None:
                 moved = self._published.pop(name, None) is not None or moved
-                continue
-            if name in held and name in self._published:
                 continue
             state = job.state()
             if self._published.get(name) is not state:

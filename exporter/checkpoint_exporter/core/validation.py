@@ -17,12 +17,9 @@ from checkpoint_exporter.model import (
 
 @dataclass(frozen=True)
 class Observed:
-    """What one scan of a tier did: the committed generations to validate, and the ones this
-    scan saw commit (their files were last statted mid-write: the core reads them once more,
-    in full, and observes again)."""
+    """What one scan of a tier did: the committed generations to validate."""
 
     requests: list[ValidationRequest] = field(default_factory=list)
-    just_committed: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

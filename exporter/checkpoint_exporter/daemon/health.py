@@ -212,12 +212,10 @@ class Health:
             worker_task_failures=tuple(sorted(self._task_failures.items())),
         )
         if self.telemetry is None:
-            self.tracker.publish(daemon, changed=self._changed_jobs, held=set(self._held))
+            self.tracker.publish(daemon, changed=self._changed_jobs)
         else:
             filesystems, available = self._node
-            self.tracker.publish(
-                daemon, filesystems, available, changed=self._changed_jobs, held=set(self._held)
-            )
+            self.tracker.publish(daemon, filesystems, available, changed=self._changed_jobs)
         self._changed_jobs = set()
         self._republish = False
 

@@ -42,7 +42,6 @@ class Read:
     layout: str | None  # detected, when not fixed by the config
     seconds: float
     reconcile: int  # the full-read request it satisfies (0: not a full read)
-    final: bool  # the one more read of what just committed
     error: Exception | None = None
     missing: bool = False  # no directory at the tier's path
 

@@ -108,7 +108,6 @@ class Placement:
         self._effects.pop(name, None)
         self.tracker.forget(name)
         self._changed_jobs.add(name)
-        self._held.pop(name, None)
         self._timers.cancel(JobDue(name))
         for tier in source.tiers if source is not None else ():
             self._timers.cancel(tier.key)

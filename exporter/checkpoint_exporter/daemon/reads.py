@@ -8,6 +8,7 @@ import math
 import time
 from collections.abc import Callable, Collection, Sequence
 
+from checkpoint_exporter.core.generations import listing_path
 from checkpoint_exporter.core.inputs import TierRead
 from checkpoint_exporter.daemon.messages import Read
 from checkpoint_exporter.daemon.state import (
@@ -17,6 +18,7 @@ from checkpoint_exporter.daemon.state import (
     contains,
 )
 from checkpoint_exporter.daemon.timers import StuckCheck
+from checkpoint_exporter.model import COMMITTED
 from checkpoint_exporter.sources import layouts
 from checkpoint_exporter.sources.layouts.base import Options
 from checkpoint_exporter.sources.listing import TreeReader
@@ -35,6 +37,9 @@ HOT_RESCAN_SECONDS = 1.0  # a job with a save in progress is read this often
 # Polls fall due on ticks this far apart, so the jobs polled at one interval are read in one
 # batch per tick rather than one thread wake-up each (at most this much later).
 POLL_GRID = 0.25
+# Listings of what just committed, per read: one, and one more should another generation commit
+# meanwhile (its sizes too were last statted mid-write); past that, the next read sees it.
+RESTAT_ROUNDS = 2
 
 
 class Reads:
@@ -105,25 +110,21 @@ class Reads:
             return
         self._submit_read(source, tier, now)
 
-    def _submit_read(
-        self, source: Source, tier: Tier, now: float, final: Sequence[str] = ()
-    ) -> None:
+    def _submit_read(self, source: Source, tier: Tier, now: float) -> None:
         assert tier.reader is not None
         effects = self._effects.get(source.name)
         hot = list(dict(effects.hot).get(tier.tier, ())) if effects is not None else []
-        reconcile = 0 if final else tier.reconcile_wanted
+        reconcile = tier.reconcile_wanted
         force = reconcile > tier.reconcile_done
-        touched = () if final else _below(tier.path, tier.touched)
-        if not final:  # a final read leaves what the watcher asked for meanwhile to the next
-            tier.touched = set()
-            tier.again = False
+        touched = _below(tier.path, tier.touched)
+        tier.touched = set()
+        tier.again = False
         tier.pending = True
         options = Options(verify_checksums=source.policy.verify_checksums)
         fixed = source.fixed_layout
 
         def read() -> Read:
-            return _read_tier(tier, hot, force, reconcile if force else 0, touched, final,
-                              fixed, options)  # fmt: skip
+            return _read_tier(tier, hot, force, reconcile if force else 0, touched, fixed, options)
 
         self._reads.setdefault(tier.worker, []).append((read, tier))
         self._timers.soon(StuckCheck(tier.worker), now + STUCK_SECONDS)
@@ -175,7 +176,6 @@ class Reads:
             tier.failures += 1
             tier.reconcile_wanted += 1
             tier.retry_at = now + min(60.0, 0.5 * 2**tier.failures)
-            self._release(name, tier.tier)
             self._changed_jobs.add(name)
             self._timers.at(tier.key, tier.retry_at)
             return
@@ -191,30 +191,10 @@ class Reads:
             self._publish_paths(source)
         self._scan_errors += result.errors
         self._scans.observe(result.seconds)
-        read = TierRead(
-            tier.tier, result.found, wall, result.unreadable, result.layout, final=result.final
-        )
-        effects = self._apply(name, read)
-        committed = dict(effects.reread).get(tier.tier) if effects is not None else None
-        if committed:
-            # Sizes were last statted mid-write: one full read of what just committed, and the
-            # job's published state waits for it.
-            self._held.setdefault(name, set()).add(tier.tier)
-            self._submit_read(source, tier, now, final=committed)
-        else:
-            self._release(name, tier.tier)
-        self._changed_jobs.add(name)  # held or released: published either way
-        if not tier.pending:
-            self._schedule_read(source, tier, now)
+        self._apply(name, TierRead(tier.tier, result.found, wall, result.unreadable, result.layout))
+        self._changed_jobs.add(name)
+        self._schedule_read(source, tier, now)
         self._health_changed()
-
-    def _release(self, name: str, tier: str) -> None:
-        """The tier's read of what just committed is in (or failed): it holds the job no more."""
-        held = self._held.get(name)
-        if held is not None:
-            held.discard(tier)
-            if not held:
-                del self._held[name]
 
     def _schedule_read(self, source: Source, tier: Tier, now: float) -> None:
         """The tier's next read: now if asked for meanwhile, else its poll or hot re-read."""
@@ -239,29 +219,58 @@ def _read_tier(
     force: bool,
     reconcile: int,
     touched: Collection[str],
-    final: Sequence[str],
     fixed_layout: str | None,
     options: Options,
 ) -> Read:
+    """One read of the tier, on its worker. A generation this read shows committed (its marker
+    new or renewed) had its files last statted mid-write: they are statted again in full within
+    the same task, so the core never sees a commit with the sizes of a save in progress."""
     started = time.perf_counter()
     reader = tier.reader
     assert reader is not None
     try:
-        if final:
-            tree, stats = reader.read(hot, force_paths=final)
-        else:
-            tree, stats = reader.read(hot, force=force, touched=touched)
+        before = tier.parsed[1] if tier.parsed is not None else None
+        tree, stats = reader.read(hot, force=force, touched=touched)
+        errors = list(stats.errors)
         found, layout = _found(tier, tree, fixed_layout, options)
+        for _ in range(RESTAT_ROUNDS):
+            committed = just_committed(before, found)
+            if not committed or tree is None:
+                break
+            before = found
+            tree, stats = reader.read(hot, force_paths=[listing_path(g) for g in committed])
+            errors += stats.errors
+            found, layout = _found(tier, tree, fixed_layout, options)
     except Exception as error:
-        return _failed_read(tier, error, time.perf_counter() - started, bool(final))
-    unreadable = frozenset(path for path, _ in stats.errors)
-    return Read(tier, found, unreadable, len(stats.errors), layout,
-                 time.perf_counter() - started, reconcile, bool(final),
-                 missing=tree is None and not stats.errors)  # fmt: skip
+        return _failed_read(tier, error, time.perf_counter() - started)
+    unreadable = frozenset(path for path, _ in errors)
+    return Read(tier, found, unreadable, len(errors), layout,
+                 time.perf_counter() - started, reconcile,
+                 missing=tree is None and not errors)  # fmt: skip
 
 
-def _failed_read(tier: Tier, error: Exception, seconds: float = 0.0, final: bool = False) -> Read:
-    return Read(tier, [], frozenset(), 0, None, seconds, 0, final, error)
+def just_committed(
+    before: Sequence[layouts.Found] | None, after: Sequence[layouts.Found]
+) -> list[str]:
+    """The generations ``after`` shows committed that ``before`` (the tier's previous listing)
+    showed still being written, or committed with an older marker (saved again under its
+    name). None before: the first listing, which statted everything just now."""
+    if before is None:
+        return []
+    earlier = {item.id: item for item in before}
+    committed = []
+    for item in after:
+        was = earlier.get(item.id)
+        if item.state != COMMITTED or was is None:
+            continue
+        renewed = (item.commit_time or 0.0) > (was.commit_time or 0.0)
+        if was.state != COMMITTED or renewed:
+            committed.append(item.id)
+    return committed
+
+
+def _failed_read(tier: Tier, error: Exception, seconds: float = 0.0) -> Read:
+    return Read(tier, [], frozenset(), 0, None, seconds, 0, error)
 
 
 def _found(

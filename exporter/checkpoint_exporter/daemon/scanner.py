@@ -183,9 +183,6 @@ class Scanner(Placement, Discovering, Reads, Health, Validation, SpoolSide, Relo
         self._discoveries = [Discovery(entry) for entry in config.discover]
         self._changed_jobs: set[str] = set()  # to publish
         self._reads: dict[str, list[tuple[Callable[[], Read], Tier]]] = {}  # to send
-        # Per job, the tiers whose just-committed files are being read again: the job publishes
-        # once none is (another tier's read does not release it).
-        self._held: dict[str, set[str]] = {}
         # Per job, what its core asked for at its last input (JobTracker.apply): hot
         # directories, saves in progress, the next due time, a telemetry window to correlate.
         self._effects: dict[str, Effects] = {}
