@@ -30,7 +30,7 @@ def test_a_new_tracker_of_the_job_takes_its_life() -> None:
     old.first_seen = T - 100
     old.apply_events([ev("heartbeat", T + 1), ev("finished", T + 2)], T + 3)
     version = new.version
-    new.take_life(old)
+    new.take_life(old.life())
     assert (new.first_seen, new.alive_at, new.finished_at, new.heartbeat_at) == (
         T - 100, T + 2, T + 2, T + 1,
     )  # fmt: skip

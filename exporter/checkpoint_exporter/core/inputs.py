@@ -91,3 +91,6 @@ class Effects:
     correlate: tuple[float, float] | None = None
     stall: tuple[float, float] | None = None
     changed: bool = False  # the published state moved: publish the job
+    # The events the job's clocks refused so far, by reason (its caps and bounds): the daemon
+    # adds them to the spool reader's own count (spool_dropped).
+    events_dropped: tuple[tuple[str, int], ...] = ()

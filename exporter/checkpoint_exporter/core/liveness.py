@@ -18,6 +18,17 @@ log = logging.getLogger("checkpoint_exporter.core.tracker")
 FINISHED_GRACE = 600.0
 
 
+@dataclass(frozen=True)
+class Life:
+    """What a tracker knew of its job's life, handed to the next tracker of the same job (a
+    reload that changed the job's config makes a new tracker; the job did not start again)."""
+
+    first_seen: float
+    alive_at: float | None
+    finished_at: float | None
+    heartbeat_at: float | None
+
+
 @dataclass(eq=False)
 class Liveness(JobBase):
     """Wall clock: when this exporter started watching the job, the last sign of life (a
@@ -34,9 +45,11 @@ class Liveness(JobBase):
         """The job ended: it said so (and has not run since), or the config says so."""
         return self.policy.finished or self.finished_at is not None
 
-    def take_life(self, other: Liveness) -> None:
-        """Carry over what an earlier tracker of the same job knew of its life (a reload that
-        changed the job's config makes a new tracker; the job did not start again)."""
+    def life(self) -> Life:
+        return Life(self.first_seen, self.alive_at, self.finished_at, self.heartbeat_at)
+
+    def take_life(self, other: Life) -> None:
+        """Carry over what an earlier tracker of the same job knew of its life."""
         self.first_seen = min(self.first_seen, other.first_seen)
         self.alive_at, self.finished_at = other.alive_at, other.finished_at
         self.heartbeat_at = other.heartbeat_at

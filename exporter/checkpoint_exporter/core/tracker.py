@@ -19,7 +19,7 @@ import math
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, replace
 
-from checkpoint_exporter.config import Config, JobConfig
+from checkpoint_exporter.config import Config, JobConfig, Policy
 from checkpoint_exporter.core.base import SAVE_TIMELINE_EXPIRY as SAVE_TIMELINE_EXPIRY
 from checkpoint_exporter.core.clocks import SETTLE_SECONDS
 from checkpoint_exporter.core.diagnosing import Diagnosing
@@ -37,7 +37,7 @@ from checkpoint_exporter.core.inputs import (
 )
 from checkpoint_exporter.core.ledger import DURATION_BUCKETS, Histogram, SaveLedger
 from checkpoint_exporter.core.liveness import FINISHED_GRACE as FINISHED_GRACE
-from checkpoint_exporter.core.liveness import Liveness
+from checkpoint_exporter.core.liveness import Life, Liveness
 from checkpoint_exporter.core.restores import RESTORE_EXPIRY, Restores
 from checkpoint_exporter.core.scan import Scans
 from checkpoint_exporter.core.scan import first_read_failed as first_read_failed
@@ -186,6 +186,7 @@ class JobTracker(Scans, Validation, SaveLedger, Restores, Diagnosing, Liveness, 
             correlate=window if awaiting else None,
             stall=self.stall_window() if awaiting else None,
             changed=self.version != version,
+            events_dropped=tuple(sorted(self.clocks.dropped.items())),
         )
 
     def set_paths(self, paths: tuple[WatchedPath, ...]) -> None:
@@ -312,6 +313,37 @@ class Tracker:
         return [
             span for other, job in self.jobs.items() if other != name for span in job.busy_spans()
         ]
+
+    # --- the daemon's calls: a job by its name, never the JobTracker itself --------------------
+
+    def start(
+        self, name: str, paths: tuple[WatchedPath, ...], policy: Policy, first_seen: float,
+        life: Life | None = None,
+    ) -> None:  # fmt: skip
+        """Track a job from now on; ``life``: what an earlier tracker of it knew (a reload)."""
+        job = JobTracker(name, paths, policy, first_seen=first_seen)
+        if life is not None:
+            job.take_life(life)
+        self.add(job)
+
+    def apply(self, name: str, message: Input) -> Effects | None:
+        """The job's ``JobTracker.apply`` (None: no such job)."""
+        job = self.jobs.get(name)
+        return job.apply(message) if job is not None else None
+
+    def state(self, name: str) -> JobState | None:
+        job = self.jobs.get(name)
+        return job.state() if job is not None else None
+
+    def life(self, name: str) -> Life | None:
+        job = self.jobs.get(name)
+        return job.life() if job is not None else None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.jobs
+
+    def names(self) -> list[str]:
+        return list(self.jobs)
 
     def forget(self, name: str) -> None:
         self.jobs.pop(name, None)

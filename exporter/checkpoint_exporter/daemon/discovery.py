@@ -169,7 +169,8 @@ class Discovering:
         return freed
 
     def _last_activity(self, name: str) -> float:
-        state = self.tracker.jobs[name].state()  # the published view: no tracker field read
+        state = self.tracker.state(name)  # the published view: no tracker field read
+        assert state is not None  # asked of the jobs it watches
         return state.alive_at if state.alive_at is not None else state.first_seen
 
     def _idle(self, name: str, entry: DiscoverConfig) -> bool:
@@ -177,7 +178,8 @@ class Discovering:
         if effects is not None and effects.saves_in_progress:
             return False
         silent = self.clock() - self._last_activity(name)
-        finished = self.tracker.jobs[name].state().finished
+        state = self.tracker.state(name)
+        finished = state is not None and state.finished
         return finished or silent > entry.policy.interval + entry.policy.deadline
 
 

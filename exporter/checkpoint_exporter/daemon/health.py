@@ -176,7 +176,7 @@ class Health:
         total = Counter(self.spool.dropped_total)
         total.update(self._dropped_by_forgotten)
         for name in self._dropping:  # the few jobs that refused any: not a walk of every job
-            total.update(self.tracker.jobs[name].clocks.dropped)
+            total.update(dict(self._effects[name].events_dropped))
         return total
 
     def _publish(self) -> None:

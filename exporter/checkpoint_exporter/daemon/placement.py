@@ -8,7 +8,6 @@ import os
 
 from checkpoint_exporter.config import NODE, SHARED, JobConfig, Policy
 from checkpoint_exporter.core.inputs import PathsPlaced
-from checkpoint_exporter.core.tracker import JobTracker
 from checkpoint_exporter.daemon.messages import Placed, PlaceFailed
 from checkpoint_exporter.daemon.state import (
     PROBE_SECONDS,
@@ -68,11 +67,8 @@ class Placement:
         fixed = None if policy.layout == "auto" else policy.layout
         source = Source(name, policy, tiers, fixed, discovered_from, config=job_config)
         self._sources[name] = source
-        if name not in self.tracker.jobs:
-            self.tracker.add(JobTracker(name, paths, policy, first_seen=self.clock()))
-            earlier = self._lives.pop(name, None)
-            if earlier is not None:
-                self.tracker.jobs[name].take_life(earlier)
+        if name not in self.tracker:
+            self.tracker.start(name, paths, policy, self.clock(), self._lives.pop(name, None))
         self._publish_paths(source)
         for tier in tiers:
             if self._outside(tier):
@@ -101,11 +97,10 @@ class Placement:
 
     def _remove(self, name: str) -> None:
         source = self._sources.pop(name, None)
-        job = self.tracker.jobs.get(name)
-        if job is not None:  # what its clocks gave up stays counted (spool_dropped)
-            self._dropped_by_forgotten.update(job.clocks.dropped)
+        effects = self._effects.pop(name, None)
+        if effects is not None:  # what its clocks gave up stays counted (spool_dropped)
+            self._dropped_by_forgotten.update(dict(effects.events_dropped))
         self._dropping.discard(name)
-        self._effects.pop(name, None)
         self.tracker.forget(name)
         self._changed_jobs.add(name)
         self._timers.cancel(JobDue(name))

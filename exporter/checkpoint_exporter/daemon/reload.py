@@ -37,7 +37,7 @@ class Reloading:
             source = self._sources.get(name)
             if source is not None and source.config == job:
                 continue
-            earlier = self.tracker.jobs.get(name) if source is not None else None
+            earlier = self.tracker.life(name) if source is not None else None
             if source is not None:
                 changed.append(name)
                 self._remove(name)
@@ -65,8 +65,9 @@ class Reloading:
                 or source.discovered_from in changed_roots
                 or name in wanted
             ):
-                if source.discovered_from in changed_roots and name in self.tracker.jobs:
-                    self._lives[name] = self.tracker.jobs[name]  # found again under its root
+                life = self.tracker.life(name) if source.discovered_from in changed_roots else None
+                if life is not None:
+                    self._lives[name] = life  # found again under its root
                 self._remove(name)
         now = self.monotonic()
         for index in range(len(self._discoveries)):

@@ -17,10 +17,11 @@ Every read of a watched path runs on the worker of its filesystem (``daemon.work
 hung mount stalls only its own jobs: a task that makes no progress for ``STUCK_SECONDS`` marks
 the mount stuck (``DaemonState.mounts``), its jobs are not read again until the task returns,
 and every other job keeps its latency. Workers hand back values (a scan result per tier); only
-the core thread touches a tracker, through ``JobTracker.apply`` alone (daemon/validation.py),
-and acts on the ``Effects`` it returns. Validation reads run on a validator per filesystem, so
-a read hung on one mount holds up no other mount's checks (a hung validation read is not
-itself reported).
+the core thread touches the trackers, by job name through ``Tracker`` (``apply``, ``state``,
+``publish``, and ``start``/``life``/``forget`` for a job's lifecycle), never holding a
+``JobTracker``; it acts on the ``Effects`` that ``apply`` returns (daemon/validation.py).
+Validation reads run on a validator per filesystem, so a read hung on one mount holds up no
+other mount's checks (a hung validation read is not itself reported).
 
 A process serves the scopes it is told (``config.serving``: ``--scope``, ``--shard``). A tier of
 a scope it does not serve is never placed, read, watched or validated: an explicit ``scope`` is
@@ -46,9 +47,9 @@ from collections.abc import Callable
 
 from checkpoint_exporter.config import NODE, Config
 from checkpoint_exporter.core.inputs import Effects
+from checkpoint_exporter.core.liveness import Life
 from checkpoint_exporter.core.tracker import (
     Histogram,
-    JobTracker,
     Tracker,
     ValidationRequest,
     job_paths,
@@ -199,7 +200,7 @@ class Scanner(Placement, Discovering, Reads, Health, Validation, SpoolSide, Relo
         self._spool_writable: bool | None = None  # checked where the spool is read
         # What a reload that changed a discover root knew of its jobs' lives, until each is found
         # again under it (a new tracker, the same job).
-        self._lives: dict[str, JobTracker] = {}
+        self._lives: dict[str, Life] = {}
         self._spool_checked = -math.inf
         self._armed = False  # the first turn sets the timers that always run
         for job in config.jobs:

@@ -89,7 +89,7 @@ class _SpoolOwners(Mapping[str, "frozenset[int] | None"]):
         self._stuck: frozenset[str] | None = None
 
     def __getitem__(self, name: str) -> frozenset[int] | None:
-        if name not in self._scanner.tracker.jobs:
+        if name not in self._scanner.tracker:
             raise KeyError(name)
         if self._stuck is None:
             workers = self._scanner._workers.items()
@@ -97,10 +97,10 @@ class _SpoolOwners(Mapping[str, "frozenset[int] | None"]):
         return self._scanner._spool_owner(name, self._stuck)
 
     def __contains__(self, name: object) -> bool:
-        return name in self._scanner.tracker.jobs
+        return name in self._scanner.tracker
 
     def __iter__(self) -> Iterator[str]:
-        return iter(list(self._scanner.tracker.jobs))
+        return iter(self._scanner.tracker.names())
 
     def __len__(self) -> int:
-        return len(self._scanner.tracker.jobs)
+        return len(self._scanner.tracker.names())

@@ -21,12 +21,11 @@ class Validation:
 
     def _apply(self, name: str, message: Input) -> Effects | None:
         """Hand the job's tracker one input and do what its effects ask (None: no such job)."""
-        job = self.tracker.jobs.get(name)
-        if job is None:
+        effects = self.tracker.apply(name, message)
+        if effects is None:
             return None
-        effects = job.apply(message)
         self._effects[name] = effects
-        if job.clocks.dropped:
+        if effects.events_dropped:
             self._dropping.add(name)
         now = self.monotonic()
         source = self._sources.get(name)
