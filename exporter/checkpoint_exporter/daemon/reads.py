@@ -239,7 +239,8 @@ def _read_tier(
                 break
             before = found
             tree, stats = reader.read(hot, force_paths=[listing_path(g) for g in committed])
-            errors += stats.errors
+            seen = {path for path, _ in errors}
+            errors += [error for error in stats.errors if error[0] not in seen]
             found, layout = _found(tier, tree, fixed_layout, options)
     except Exception as error:
         return _failed_read(tier, error, time.perf_counter() - started)
