@@ -5,9 +5,11 @@ abort counter), keyed by the save's step or path (core/clocks.py ``save_key``).
 What the ledger knows of a save is one entry (``Save``) in one bounded map (``_saves``, the
 ``COUNTED_KEYS`` saves last written to), which every path through here reads and updates:
 
-- its end is accounted when the disk shows its commit or when its ranks' timeline settles,
-  whichever comes first; ``_first_account`` is the one place that says whether an account is
-  the first (which counts it) or the second (which replaces the record's phases, counts nothing);
+- its end is accounted when its ranks' timeline settles, or by the disk's commit alone when
+  none is open (its events not read yet); ``_first_account`` is the one place that says whether
+  an account is the first, which counts it, or the second (the ranks' events read after the
+  disk's commit), which replaces the record's phases and counts nothing. The disk's commit of a
+  save already accounted adds to saves_committed only;
 - an abort is counted once whether the ranks or the disk report it first (``aborted``, cleared
   when a commit under the key ends that failure: the next abort under it counts again);
 - its record, shown on the landing page and marked by restores, while it is one of the
