@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
-from checkpoint_exporter.model import COMMITTED, DURABLE, WRITING
+from dataclasses import dataclass
+
+import pytest
+
+from checkpoint_exporter.core.ledger import COUNTED_KEYS, RECENT
+from checkpoint_exporter.core.tracker import JobTracker
+from checkpoint_exporter.model import COMMITTED, DURABLE, WRITING, Found, JobState
 
 from .builders import T, ev, found, job
 
 
 def _total(tracker) -> int:
-    return sum(dict(tracker.state().save_duration)["total"].counts)
+    return _total_of(tracker.state())
+
+
+def _total_of(state: JobState) -> int:
+    return sum(dict(state.save_duration)["total"].counts)
 
 
 def test_a_save_the_disk_and_its_ranks_both_report_is_counted_once() -> None:
@@ -66,3 +76,99 @@ def test_an_abort_is_logged_under_the_trackers_name_as_before_the_split(caplog) 
     assert [(r.name, r.getMessage().split(":")[0]) for r in caplog.records] == [
         ("checkpoint_exporter.core.tracker", "save aborted")
     ]
+
+
+# --- one entry per save: its lifecycle as a table ----------------------------------------------
+# Each step of a history: ("writing" | "committed", step, at) the disk's read of the generation;
+# ("events", step, at) its ranks' start and commit, read then; ("failed", step, at) its ranks'
+# start and save_failed; ("tick", None, at). Times are seconds after T.
+
+Action = tuple[str, int | None, float]
+
+
+def _disk(verb: str, step: int, at: float) -> Found:
+    if verb == "writing":
+        return found(f"step_{step}", WRITING, T + at - 1, step=step, last=T + at)
+    return found(f"step_{step}", COMMITTED, T + at - 20, T + at, step=step)
+
+
+def _drive(history: list[Action]) -> JobTracker:
+    tracker = job(deadline=60, abort_after=120)
+    tracker.observe(DURABLE, [], T)
+    listing: dict[int, Found] = {}
+    for verb, step, at in history:
+        if verb in ("writing", "committed"):
+            listing[step] = _disk(verb, step, at)
+            tracker.observe(DURABLE, list(listing.values()), T + at)
+        elif verb in ("events", "failed"):
+            end = "committed" if verb == "events" else "save_failed"
+            events = [ev("save_start", T + at - 20, step), ev(end, T + at, step)]
+            tracker.apply_events(events, T + at)
+        tracker.tick(T + at + 1)  # settles what ended
+    return tracker
+
+
+def _saves(count: int, first: int) -> list[Action]:
+    """``count`` saves seen from their events alone (an object store), 100 s apart."""
+    return [("events", first + n, 100.0 * (first + n)) for n in range(count)]
+
+
+@dataclass(frozen=True)
+class Lifecycle:
+    history: list[Action]
+    committed: int = 0  # saves_committed
+    aborted: int = 0  # saves_aborted
+    counted: int = 0  # saves in the histograms (and so in the deadline counters)
+    outcomes: tuple[str, ...] = ()  # of the recent saves, oldest first
+
+
+BOUND = 100.0 * COUNTED_KEYS  # past the events-only saves of _saves(COUNTED_KEYS, 1)
+LIFECYCLES = {
+    "disk commit, then its events: counted once": Lifecycle(
+        [("writing", 10, 5), ("committed", 10, 25), ("events", 10, 30)], 1, 0, 1, ("ok",)
+    ),
+    "events, then the disk's commit: counted once": Lifecycle(
+        [("events", 10, 25), ("committed", 10, 30)], 1, 0, 1, ("ok",)
+    ),
+    "save_failed, then the disk's abort: one abort": Lifecycle(
+        [("failed", 10, 25), ("writing", 10, 30), ("tick", None, 200)], 0, 1, 0, ("aborted",)
+    ),
+    "an abort, then a save under its key: both count, and its next abort": Lifecycle(
+        [("failed", 7, 25), ("committed", 7, 60), ("writing", 7, 100), ("tick", None, 300)],
+        committed=1,
+        aborted=2,
+        counted=1,
+        outcomes=("aborted", "ok", "aborted"),
+    ),
+    "disk commit, then its events past the bound: forgotten, counted again": Lifecycle(
+        [("committed", 0, 20), *_saves(COUNTED_KEYS, 1), ("events", 0, BOUND + 50)],
+        committed=1,
+        counted=COUNTED_KEYS + 2,
+        outcomes=("ok",) * RECENT,
+    ),
+    "disk commit, then its events just within the bound: counted once": Lifecycle(
+        [("committed", 0, 20), *_saves(COUNTED_KEYS - 1, 1), ("events", 0, BOUND)],
+        committed=1,
+        counted=COUNTED_KEYS,
+        outcomes=("ok",) * RECENT,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", LIFECYCLES)
+def test_a_saves_entry_counts_its_end_once(case: str) -> None:
+    expected = LIFECYCLES[case]
+    state = _drive(expected.history).state()
+    assert (state.saves_committed, state.saves_aborted, _total_of(state)) == (
+        expected.committed, expected.aborted, expected.counted,
+    )  # fmt: skip
+    assert state.deadline_misses + state.saves_within_deadline == expected.counted
+    assert tuple(r.outcome for r in state.recent_saves) == expected.outcomes
+
+
+def test_the_ledger_keeps_one_entry_per_save_and_no_more_than_the_bound() -> None:
+    tracker = _drive([("committed", 0, 20), *_saves(COUNTED_KEYS + 5, 1)])
+    assert len(tracker._saves) == COUNTED_KEYS
+    assert ("step", 0) not in tracker._saves  # the oldest went first
+    entry = tracker._saves[("step", COUNTED_KEYS + 5)]
+    assert entry.accounted and not entry.aborted and entry.record is tracker.recent_saves[-1]

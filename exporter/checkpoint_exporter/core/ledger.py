@@ -2,10 +2,20 @@
 counted exactly once when it ends (committed: histograms and deadline counters; aborted: the
 abort counter), keyed by the save's step or path (core/clocks.py ``save_key``).
 
-A save is accounted when the disk shows its commit or when its ranks' timeline settles,
-whichever comes first; the second account replaces the record's phases and counts nothing
-again (``_accounted``). An abort is counted once whether the ranks or the disk report it
-first (``_failed_saves``).
+What the ledger knows of a save is one entry (``Save``) in one bounded map (``_saves``, the
+``COUNTED_KEYS`` saves last written to), which every path through here reads and updates:
+
+- its end is accounted when its ranks' timeline settles, or by the disk's commit alone when
+  none is open (its events not read yet); ``_first_account`` is the one place that says whether
+  an account is the first, which counts it, or the second (the ranks' events read after the
+  disk's commit), which replaces the record's phases and counts nothing. The disk's commit of a
+  save already accounted adds to saves_committed only;
+- an abort is counted once whether the ranks or the disk report it first (``aborted``, cleared
+  when a commit under the key ends that failure: the next abort under it counts again);
+- its record, shown on the landing page and marked by restores, while it is one of the
+  ``RECENT`` saves in ``recent_saves``.
+
+The ranks' own evidence stays in their ``Timeline`` (core/clocks.py) until it settles.
 """
 
 from __future__ import annotations
@@ -59,6 +69,15 @@ class Histogram:
         return HistogramState(self.bounds, tuple(self.counts), self.sum)
 
 
+@dataclass
+class Save:
+    """What the ledger remembers of one save."""
+
+    accounted: bool = False  # its end was accounted (counted then, if it ended while we ran)
+    aborted: bool = False  # an abort was counted under its key, and no commit came since
+    record: SaveRecord | None = None  # its finished record (an abort's is in recent_saves only)
+
+
 @dataclass(eq=False)
 class SaveLedger(JobBase):
     """Every save's record and the counters it feeds."""
@@ -75,30 +94,56 @@ class SaveLedger(JobBase):
     last_window: tuple[float, float] | None = None  # the newest finished save: start, commit
     window_telemetry: WindowTelemetry | None = None
     recent_saves: deque[SaveRecord] = field(default_factory=lambda: deque(maxlen=RECENT))
-    _accounted: OrderedDict[SaveKey, None] = field(default_factory=OrderedDict)
-    # The record of each recent save, by key: a save accounted twice (the disk's commit first,
-    # its ranks' events later) keeps one record, and a restore marks the save it was of.
-    _records: OrderedDict[SaveKey, SaveRecord] = field(default_factory=OrderedDict)
-    # Saves the ranks reported failed (save_failed), by key: their generation on disk, if any,
-    # is aborted at once and counted once.
-    _failed_saves: OrderedDict[SaveKey, bool] = field(default_factory=OrderedDict)
+    # Every save's entry, by key, the one last written to last: the oldest is forgotten past
+    # COUNTED_KEYS (a save's two accounts come within its timeline's expiry, far fewer saves).
+    _saves: OrderedDict[SaveKey, Save] = field(default_factory=OrderedDict)
+
+    def _entry(self, key: SaveKey) -> Save:
+        """The save's entry, made if new, as the newest; the oldest beyond the bound go."""
+        entry = self._saves.get(key)
+        if entry is None:
+            entry = self._saves[key] = Save()
+        self._saves.move_to_end(key)
+        while len(self._saves) > COUNTED_KEYS:
+            self._saves.popitem(last=False)
+        return entry
+
+    def _known(self, key: SaveKey | None) -> Save | None:
+        """The save's entry, if the ledger still has one; nothing is made."""
+        return self._saves.get(key) if key is not None else None
+
+    def _first_account(self, key: SaveKey | None) -> bool:
+        """Mark the save's end accounted: True the first time, the account that counts it;
+        False for the other one (the disk's commit and its ranks' timeline end the same save)."""
+        if key is None:
+            return True  # nothing to join a second account to
+        entry = self._entry(key)
+        first, entry.accounted = not entry.accounted, True
+        return first
+
+    def _abort_counted(self, key: SaveKey | None) -> bool:
+        """An abort under this key was counted, and no commit came since."""
+        entry = self._known(key)
+        return entry is not None and entry.aborted
 
     def _commit(self, gen: Gen) -> None:
         gen.state = COMMITTED
         self._superseded(gen)
         if not self._counts(gen):
             return
-        # An abort counted under this key is over: the next one under it counts again (a fixed
-        # checkpoint_id, or a step saved again after a roll-back).
-        self._failed_saves.pop(self._save_key(gen), None)
+        key = self._save_key(gen)
+        entry = self._known(key)
+        if entry is not None:
+            # An abort counted under this key is over: the next one under it counts again (a
+            # fixed checkpoint_id, or a step saved again after a roll-back).
+            entry.aborted = False
         self.saves_committed += 1
         commit = gen.found.commit_time or gen.found.last_write_time
         staged = self._gens.get((STAGING, gen.found.id))
         if staged is not None:  # a two-tier save started when its staging copy did
             gen.start_time = min(gen.start_time, staged.start_time)
         duration = disk_total(gen.start_time, commit)
-        key = self._save_key(gen)
-        if key in self._accounted:
+        if entry is not None and entry.accounted:
             return  # its events already told the whole story
         timeline = self.clocks.saves.get(key) if key else None
         if timeline is not None:
@@ -112,23 +157,18 @@ class SaveLedger(JobBase):
     def _account(
         self, phases: dict[str, float], live: bool, key: SaveKey | None,
         timeline: Timeline | None = None, window: tuple[float, float] | None = None,
-        diagnosed_live: bool | None = None,
     ) -> None:  # fmt: skip
         """One finished save: its phases set the gauges and, if it ended while we ran, the
         histograms and the deadline count.
 
-        ``live``: counted in the histograms and deadline counters (once per save: not when the
-        disk's commit already counted it). ``diagnosed_live`` (default ``live``): its symptoms
-        are counted (once per save and symptom by ``_mark``, so the ranks' account after the
-        disk's still counts what only the ranks reveal, a straggler)."""
+        ``live``: it ended while we ran. Its histograms and deadline counters count it at its
+        first account only (``_first_account``); its symptoms at each (once per save and
+        symptom by ``_mark``, so the ranks' account after the disk's still counts what only the
+        ranks reveal, a straggler)."""
         window = timeline.window() if timeline is not None else window
         if window is not None and window != self.last_window:
             self.last_window, self.window_telemetry = window, None
-        again = key is not None and key in self._accounted
-        if key is not None:
-            self._accounted[key] = None
-            while len(self._accounted) > 256:
-                self._accounted.popitem(last=False)
+        first = self._first_account(key)
         self.last_phases = dict(phases)
         if timeline is not None:
             self.last_write_end = timeline.write_end()
@@ -144,10 +184,9 @@ class SaveLedger(JobBase):
                 step if isinstance(step, int) else None, window[0], window[1],
                 tuple(sorted(phases.items())), "late" if late else "ok",
             )  # fmt: skip
-            record = self._remember(record, key, again)
-            symptoms_live = live if diagnosed_live is None else diagnosed_live
-            self._await_diagnosis(record, key, symptoms_live, phases, timeline, window)
-        if not live:
+            record = self._remember(record, key, again=not first)
+            self._await_diagnosis(record, key, live, phases, timeline, window)
+        if not (live and first):
             return
         for phase, seconds in phases.items():
             self.durations[phase].observe(seconds)
@@ -167,7 +206,8 @@ class SaveLedger(JobBase):
         one, keeping what a restore found since (their windows overlap, give or take the
         storage clock's tolerated skew: a new save under the same name, a path saved again, is
         a new record)."""
-        previous = self._records.get(key) if key is not None and again else None
+        entry = self._entry(key) if key is not None else None
+        previous = entry.record if entry is not None and again else None
         slack = skew_tolerance(self.policy.poll_interval)
         if (
             previous is not None
@@ -181,11 +221,8 @@ class SaveLedger(JobBase):
                 self._pending = None  # superseded before its telemetry came
         else:
             self.recent_saves.append(record)
-        if key is not None:
-            self._records[key] = record
-            self._records.move_to_end(key)
-            while len(self._records) > RECENT:
-                self._records.popitem(last=False)
+        if entry is not None:
+            entry.record = record
         return record
 
     def _abort(self, gen: Gen, reason: str | None = None) -> None:
@@ -194,7 +231,7 @@ class SaveLedger(JobBase):
             return  # found so at start-up: the gauges say so, no counter grows from history
         found = gen.found
         key = self._save_key(gen) if self._counts(gen) else None
-        if key is not None and self._failed_saves.get(key):
+        if self._abort_counted(key):
             return  # its ranks' save_failed counted (and logged) it already
         log.warning(
             "save aborted: job=%s tier=%s generation=%s step=%s reason=%s",
@@ -207,9 +244,7 @@ class SaveLedger(JobBase):
         self.saves_aborted += 1
         self.recent_saves.append(SaveRecord(step, start, end, (), "aborted"))
         if key is not None:
-            self._failed_saves[key] = True
-            while len(self._failed_saves) > COUNTED_KEYS:
-                self._failed_saves.popitem(last=False)
+            self._entry(key).aborted = True
 
     def _save_failed(self, key: SaveKey, timeline: Timeline) -> None:
         """Every rank that started the save here ended it, and none committed: its ranks said
@@ -252,16 +287,12 @@ class SaveLedger(JobBase):
                     # Counted already when the disk showed the commit before any of its events
                     # (the spool behind): the ranks' account then sets the gauges only, and
                     # counts the symptoms only they reveal (``_mark`` counts each once a save).
-                    live = timeline.live and key not in self._accounted
-                    self._account(timeline.phases(), live, key, timeline, None, timeline.live)
+                    self._account(timeline.phases(), timeline.live, key, timeline)
             elif now - timeline.first_seen > expired:
                 del self.clocks.saves[key]  # some rank never reported: fall back to the disk
                 settled = True
                 if timeline.disk_total is not None:
-                    live = timeline.live and key not in self._accounted
-                    self._account(
-                        {"total": timeline.disk_total}, live, key, timeline, None, timeline.live
-                    )
+                    self._account({"total": timeline.disk_total}, timeline.live, key, timeline)
         return settled
 
     def _record_of(self, key: SaveKey | None) -> SaveRecord | None:
@@ -270,19 +301,20 @@ class SaveLedger(JobBase):
             return None
         if key[0] == "step":
             return next((r for r in reversed(self.recent_saves) if r.step == key[1]), None)
-        record = self._records.get(key)
+        entry = self._known(key)
+        record = entry.record if entry is not None else None
         remembered = record is not None and any(r is record for r in self.recent_saves)
         return record if remembered else None
 
     def _replace_record(self, old: SaveRecord, new: SaveRecord) -> None:
-        """Put ``new`` where ``old`` is in the recent saves (and the key map); the newest
-        save's verdict follows it."""
+        """Put ``new`` where ``old`` is in the recent saves (and in its save's entry); the
+        newest save's verdict follows it."""
         for index, other in enumerate(self.recent_saves):
             if other is old:
                 self.recent_saves[index] = new
-        for key, other in self._records.items():
-            if other is old:
-                self._records[key] = new
+        for entry in self._saves.values():
+            if entry.record is old:
+                entry.record = new
         if self._newest_save() is new:
             self.last_save_symptoms = new.symptoms
 
