@@ -80,8 +80,10 @@ def test_an_abort_is_logged_under_the_trackers_name_as_before_the_split(caplog) 
 
 # --- one entry per save: its lifecycle as a table ----------------------------------------------
 # Each step of a history: ("writing" | "committed", step, at) the disk's read of the generation;
-# ("events", step, at) its ranks' start and commit, read then; ("failed", step, at) its ranks'
-# start and save_failed; ("tick", None, at). Times are seconds after T.
+# ("events", step, at) its ranks' start and commit, read then; ("late", step, at) the ranks'
+# events of the save the disk last showed committed under that step, dated as it was, read at
+# ``at``; ("failed", step, at) its ranks' start and save_failed; ("tick", None, at). Times are
+# seconds after T.
 
 Action = tuple[str, int | None, float]
 
@@ -103,6 +105,14 @@ def _drive(history: list[Action]) -> JobTracker:
         elif verb in ("events", "failed"):
             end = "committed" if verb == "events" else "save_failed"
             events = [ev("save_start", T + at - 20, step), ev(end, T + at, step)]
+            tracker.apply_events(events, T + at)
+        elif verb == "late":
+            saved = listing[step]
+            assert saved.commit_time is not None
+            events = [
+                ev("save_start", saved.start_time, step),
+                ev("committed", saved.commit_time, step),
+            ]
             tracker.apply_events(events, T + at)
         tracker.tick(T + at + 1)  # settles what ended
     return tracker
@@ -140,14 +150,26 @@ LIFECYCLES = {
         counted=1,
         outcomes=("aborted", "ok", "aborted"),
     ),
+    "a step saved again under its name (disk only): each save counts": Lifecycle(
+        [("committed", 10, 25), ("writing", 10, 200), ("committed", 10, 240)],
+        committed=2,
+        counted=2,
+        outcomes=("ok", "ok"),
+    ),
+    "a step saved again after a roll-back, its events first each time: each save once": Lifecycle(
+        [("events", 10, 25), ("committed", 10, 30), ("events", 10, 500), ("committed", 10, 505)],
+        committed=2,
+        counted=2,
+        outcomes=("ok", "ok"),
+    ),
     "disk commit, then its events past the bound: forgotten, counted again": Lifecycle(
-        [("committed", 0, 20), *_saves(COUNTED_KEYS, 1), ("events", 0, BOUND + 50)],
+        [("committed", 0, 20), *_saves(COUNTED_KEYS, 1), ("late", 0, BOUND + 50)],
         committed=1,
         counted=COUNTED_KEYS + 2,
         outcomes=("ok",) * RECENT,
     ),
     "disk commit, then its events just within the bound: counted once": Lifecycle(
-        [("committed", 0, 20), *_saves(COUNTED_KEYS - 1, 1), ("events", 0, BOUND)],
+        [("committed", 0, 20), *_saves(COUNTED_KEYS - 1, 1), ("late", 0, BOUND)],
         committed=1,
         counted=COUNTED_KEYS,
         outcomes=("ok",) * RECENT,

@@ -10,6 +10,10 @@ What the ledger knows of a save is one entry (``Save``) in one bounded map (``_s
   an account is the first, which counts it, or the second (the ranks' events read after the
   disk's commit), which replaces the record's phases and counts nothing. The disk's commit of a
   save already accounted adds to saves_committed only;
+- a key outlives its save: a fixed name saved again (``last.ckpt``, a fixed checkpoint_id), a
+  step saved again after a roll-back. An account is of a new save under the key when the same
+  evidence already accounted it, or when its window lies apart from the accounted one (beyond
+  the storage clock's tolerated skew); that save starts a fresh entry and counts;
 - an abort is counted once whether the ranks or the disk report it first (``aborted``, cleared
   when a commit under the key ends that failure: the next abort under it counts again);
 - its record, shown on the landing page and marked by restores, while it is one of the
@@ -69,13 +73,24 @@ class Histogram:
         return HistogramState(self.bounds, tuple(self.counts), self.sum)
 
 
+# The evidence that accounts a save's end.
+DISK = "disk"  # its commit on the durable tier
+RANKS = "ranks"  # its ranks' timeline from the spool
+
+
 @dataclass
 class Save:
-    """What the ledger remembers of one save."""
+    """What the ledger remembers of the latest save under one key."""
 
-    accounted: bool = False  # its end was accounted (counted then, if it ended while we ran)
+    # Which evidence accounted its end (counted at the first, if it ended while we ran).
+    accounted_by: set[str] = field(default_factory=set)
+    window: tuple[float, float] | None = None  # its span as first accounted, on our clock
     aborted: bool = False  # an abort was counted under its key, and no commit came since
     record: SaveRecord | None = None  # its finished record (an abort's is in recent_saves only)
+
+    @property
+    def accounted(self) -> bool:
+        return bool(self.accounted_by)
 
 
 @dataclass(eq=False)
@@ -112,14 +127,34 @@ class SaveLedger(JobBase):
         """The save's entry, if the ledger still has one; nothing is made."""
         return self._saves.get(key) if key is not None else None
 
-    def _first_account(self, key: SaveKey | None) -> bool:
-        """Mark the save's end accounted: True the first time, the account that counts it;
-        False for the other one (the disk's commit and its ranks' timeline end the same save)."""
+    def _first_account(
+        self, key: SaveKey | None, by: str, window: tuple[float, float] | None
+    ) -> bool:
+        """Mark the save's end accounted by ``by``: True the first time, the account that counts
+        it; False for the other one (the disk's commit and its ranks' timeline end the same
+        save)."""
         if key is None:
             return True  # nothing to join a second account to
         entry = self._entry(key)
-        first, entry.accounted = not entry.accounted, True
+        if entry.accounted and not self._same_save(entry, by, window):
+            # A new save under a key that outlived the last one: a fresh entry, counted afresh.
+            entry.accounted_by, entry.window, entry.record = set(), None, None
+            self._counted.pop(key, None)
+        first = not entry.accounted
+        entry.accounted_by.add(by)
+        entry.window = entry.window or window
         return first
+
+    def _same_save(self, entry: Save, by: str, window: tuple[float, float] | None) -> bool:
+        """Whether an account by ``by`` over ``window`` is of the save ``entry`` accounted.
+        The same evidence accounts a save once, so a second account by it is of the same save
+        only while its span meets the first one's (a straggler's late events); the other
+        evidence's span, on another clock, may lie apart by the tolerated skew."""
+        if entry.window is None or window is None:
+            return True  # nothing to tell them apart: the same save, counted once
+        start, end = entry.window
+        slack = 0.0 if by in entry.accounted_by else skew_tolerance(self.policy.poll_interval)
+        return start - slack <= window[1] and window[0] <= end + slack
 
     def _abort_counted(self, key: SaveKey | None) -> bool:
         """An abort under this key was counted, and no commit came since."""
@@ -143,7 +178,9 @@ class SaveLedger(JobBase):
         if staged is not None:  # a two-tier save started when its staging copy did
             gen.start_time = min(gen.start_time, staged.start_time)
         duration = disk_total(gen.start_time, commit)
-        if entry is not None and entry.accounted:
+        window = (self.local_time(gen.start_time), self.local_time(commit))
+        if entry is not None and entry.accounted and self._same_save(entry, DISK, window):
+            entry.accounted_by.add(DISK)
             return  # its events already told the whole story
         timeline = self.clocks.saves.get(key) if key else None
         if timeline is not None:
@@ -151,11 +188,10 @@ class SaveLedger(JobBase):
             # that clock, is where a two-tier save ends.
             timeline.disk_total, timeline.durable_commit = duration, self.local_time(commit)
             return  # the next tick settles it
-        window = (self.local_time(gen.start_time), self.local_time(commit))
-        self._account({"total": duration}, live=True, key=key, window=window)
+        self._account({"total": duration}, live=True, key=key, by=DISK, window=window)
 
     def _account(
-        self, phases: dict[str, float], live: bool, key: SaveKey | None,
+        self, phases: dict[str, float], live: bool, key: SaveKey | None, by: str,
         timeline: Timeline | None = None, window: tuple[float, float] | None = None,
     ) -> None:  # fmt: skip
         """One finished save: its phases set the gauges and, if it ended while we ran, the
@@ -168,7 +204,7 @@ class SaveLedger(JobBase):
         window = timeline.window() if timeline is not None else window
         if window is not None and window != self.last_window:
             self.last_window, self.window_telemetry = window, None
-        first = self._first_account(key)
+        first = self._first_account(key, by, window)
         self.last_phases = dict(phases)
         if timeline is not None:
             self.last_write_end = timeline.write_end()
@@ -287,12 +323,14 @@ class SaveLedger(JobBase):
                     # Counted already when the disk showed the commit before any of its events
                     # (the spool behind): the ranks' account then sets the gauges only, and
                     # counts the symptoms only they reveal (``_mark`` counts each once a save).
-                    self._account(timeline.phases(), timeline.live, key, timeline)
+                    self._account(timeline.phases(), timeline.live, key, RANKS, timeline)
             elif now - timeline.first_seen > expired:
                 del self.clocks.saves[key]  # some rank never reported: fall back to the disk
                 settled = True
                 if timeline.disk_total is not None:
-                    self._account({"total": timeline.disk_total}, timeline.live, key, timeline)
+                    self._account(
+                        {"total": timeline.disk_total}, timeline.live, key, RANKS, timeline
+                    )
         return settled
 
     def _record_of(self, key: SaveKey | None) -> SaveRecord | None:
