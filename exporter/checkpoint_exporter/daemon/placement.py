@@ -11,7 +11,6 @@ from checkpoint_exporter.core.inputs import PathsPlaced
 from checkpoint_exporter.core.tracker import JobTracker
 from checkpoint_exporter.daemon.messages import Placed, PlaceFailed
 from checkpoint_exporter.daemon.state import (
-    PROBE_SECONDS,
     STUCK_SECONDS,
     Source,
     Tier,
@@ -19,7 +18,6 @@ from checkpoint_exporter.daemon.state import (
 )
 from checkpoint_exporter.daemon.timers import (
     JobDue,
-    ProbeDue,
     StuckCheck,
 )
 from checkpoint_exporter.daemon.validator import Validator
@@ -196,8 +194,7 @@ class Placement:
                  tier.job, tier.tier, tier.path, tier.mode, tier.reason)  # fmt: skip
         self._publish_paths(source)
         self._reserves = None
-        if tier.mode == INOTIFY:
-            self._timers.soon(ProbeDue(tier.worker), self.monotonic() + PROBE_SECONDS)
+        self._probe_placed(tier, placed.mount)
         self._timers.soon(tier.key, self.monotonic())
 
     def _publish_paths(self, source: Source) -> None:
