@@ -66,6 +66,10 @@ def _hung_mount_stalls_only_its_own_jobs(
     hung_at = time.monotonic()
     wait_for(stuck, STUCK_SECONDS + 15)
     print(f"MEASURE stuck reported after {time.monotonic() - hung_at:.1f} s")
+    # One detector: the mount's device error is its worker being stuck, its capacity the last
+    # statvfs that answered.
+    assert served.value("checkpoint_filesystem_device_error", mountpoint=mountpoint) == 1
+    assert served.value("checkpoint_filesystem_size_bytes", mountpoint=mountpoint) == 16 << 20
     assert served.get("/healthz").status == 200
     assert served.get("/readyz").status == 200
     confirmed = "checkpoint_exporter_last_scan_timestamp_seconds"
@@ -114,6 +118,7 @@ def test_a_mount_hung_before_start(tmp_path: Path) -> None:
             raise
     try:  # the filesystem answers again (the hung mount is gone; the directory below is back)
         wait_for(lambda: served.value("checkpoint_exporter_mount_stuck", **stuck) == 0, 10)
+        wait_for(lambda: served.value("checkpoint_filesystem_device_error", **stuck) == 0, 10)
         wait_for(
             lambda: served.value("checkpoint_last_committed_step", training_job="stuck") == 7, 10
         )

@@ -1,177 +1,89 @@
-"""Filesystem capacity with a hung mount: a real FUSE mount whose server never answers, so
-statvfs on it blocks in the kernel exactly as on a hung NFS server."""
+"""Filesystem capacity with a hung mount: a real FUSE mount whose server never answers, stacked
+over a filesystem the daemon started on, so its statvfs blocks in the kernel exactly as on a hung
+NFS server. The statvfs is a task on the mount's own worker: the one stuck-mount detector says
+the mount hangs, and its device error with it."""
 
 from __future__ import annotations
 
-import ctypes
-import os
-import select
-import signal
-import subprocess
-import sys
-import threading
-import time
 from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
 
-from checkpoint_exporter.config import Config, PathsConfig, TelemetryConfig
-from checkpoint_exporter.sources.telemetry.filesystem import Capacity
-from checkpoint_exporter.sources.telemetry.node import NodeTelemetry
-from checkpoint_exporter.sources.watch import Mount
-from tests.conftest import REPO, wait_for
-from tests.faults.hungfs import hung_mount
-from tests.helpers.node import FakeNode
+from checkpoint_exporter.config import Config, JobConfig, Policy
+from checkpoint_exporter.core.tracker import Tracker
+from checkpoint_exporter.daemon import discovery, health, placement, reads
+from checkpoint_exporter.daemon.scanner import Scanner
+from checkpoint_exporter.model import FilesystemState
+from tests.conftest import wait_for
+from tests.faults.hungfs import hung_mount, tmpfs
 
-pytestmark = [pytest.mark.root]  # mounts a hung FUSE filesystem and a tmpfs
+pytestmark = [pytest.mark.root]  # mounts a hung FUSE filesystem and two tmpfs
 
-libc = ctypes.CDLL(None, use_errno=True)
-MNT_DETACH = 2
 MiB = 1 << 20
-
-
-def _mount(source: str, target: Path, fstype: str, options: str) -> None:
-    if libc.mount(source.encode(), str(target).encode(), fstype.encode(), 0, options.encode()):
-        error = ctypes.get_errno()
-        raise OSError(error, f"mount {fstype} on {target}: {os.strerror(error)}")
+STUCK = 1.0  # STUCK_SECONDS and PROBE_SECONDS, shortened so the test takes seconds, not minutes
+PROBE = 0.2
 
 
 @pytest.fixture
-def hung(tmp_path: Path) -> Iterator[Path]:
-    """A FUSE mount nobody serves: lookups and statvfs on it block until the fixture ends."""
-    with hung_mount(tmp_path / "hung") as mountpoint:
-        yield mountpoint
+def short_timers(monkeypatch: pytest.MonkeyPatch) -> None:
+    for module in (health, placement, reads, discovery):
+        monkeypatch.setattr(module, "STUCK_SECONDS", STUCK)
+    monkeypatch.setattr(health, "PROBE_SECONDS", PROBE)
 
 
 @pytest.fixture
-def tmpfs(tmp_path: Path) -> Iterator[Path]:
-    """A 16 MiB filesystem nobody else writes to."""
-    mountpoint = tmp_path / "fresh"
-    mountpoint.mkdir()
-    _mount("tmpfs", mountpoint, "tmpfs", "size=16m")
-    try:
-        yield mountpoint
-    finally:
-        libc.umount2(str(mountpoint).encode(), MNT_DETACH)
-
-
-@pytest.fixture
-def node(tmp_path: Path) -> FakeNode:
-    return FakeNode(tmp_path / "node", tmp_path / "node-ckpt").build()
-
-
-def _config(node: FakeNode) -> Config:
-    return Config(
-        paths=PathsConfig(procfs=node.procfs, sysfs=node.sysfs),
-        telemetry=TelemetryConfig(gpu="off"),
-    )
-
-
-def _blocked_on_fuse(pid: int) -> bool:
-    """Whether a thread of the process waits in the kernel for a FUSE answer."""
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            if (task / "wchan").read_text().startswith("fuse"):
-                return True
-        except OSError:
-            continue  # the thread ended
-    return False
+def mounts(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
+    """Two 16 MiB filesystems nobody else writes to: one stays fresh, the other will hang."""
+    with ExitStack() as stack:
+        yield (
+            stack.enter_context(tmpfs(tmp_path / "fresh")),
+            stack.enter_context(tmpfs(tmp_path / "went-hung")),
+        )
 
 
 def test_a_hung_mount_reports_device_error_and_the_others_stay_fresh(
-    tmp_path: Path, node: FakeNode, hung: Path, tmpfs: Path
+    tmp_path: Path, mounts: tuple[Path, Path], short_timers: None
 ) -> None:
-    # "went-hung" answers first, then hangs: statvfs of a mountpoint follows a symlink, which
-    # is then turned towards the hung mount. "hung" never answers at all.
-    went_hung = tmp_path / "went-hung"
-    went_hung.symlink_to(tmpfs)
-    telemetry = NodeTelemetry(_config(node), capacity_interval=0.1, capacity_budget=0.3)
-    for mountpoint in (tmpfs, hung, went_hung):
-        telemetry.place(str(mountpoint / "job"), Mount(str(mountpoint), "dev", "fs", "0:99"))
-    went = str(went_hung)
-    telemetry.start()
+    fresh, went = mounts
+    jobs = []
+    for mountpoint in (fresh, went):
+        (mountpoint / "job").mkdir()
+        jobs.append(JobConfig(mountpoint.name, mountpoint / "job", None, Policy(layout="dcp")))
+    config = Config(spool=tmp_path / "spool", jobs=tuple(jobs))
+    tracker = Tracker(config)
+    scanner = Scanner(config, tracker, watcher_factory=None)  # inotify tiers: only probes read
+
+    def state() -> dict[str, FilesystemState]:
+        return {f.mountpoint: f for f in tracker.snapshot.filesystems}
+
+    scanner.start()
     try:
+        before = wait_for(lambda: len(s := state()) == 2 and s)
+        assert before[str(went)].size_bytes == 16 * MiB and not before[str(went)].device_error
+        with hung_mount(went):  # the server goes away
+            fresh_at = state()[str(fresh)].checked_at
 
-        def state() -> dict[str, Capacity]:
-            return {c.mountpoint: c for c in telemetry.capacity.capacities()}
+            def settled() -> dict[str, FilesystemState] | None:
+                s = state()
+                hung = s[str(went)].device_error
+                return s if hung and s[str(fresh)].checked_at > fresh_at else None
 
-        before = wait_for(lambda: (s := state())[went].checked_at > 0 and s)
-        assert before[went].size_bytes == 16 * MiB and not before[went].device_error
-        (tmp_path / "turn").symlink_to(hung / "x")
-        os.replace(tmp_path / "turn", went_hung)
-        fresh_at = state()[str(tmpfs)].checked_at
+            after = wait_for(settled)
+            assert dict(tracker.snapshot.daemon.mounts)[str(went)]  # mount_stuck, the same
+            assert after[str(fresh)].size_bytes == 16 * MiB
+            assert not after[str(fresh)].device_error
+            # The last values read stay, as of when they were read.
+            last, first = after[str(went)], before[str(went)]
+            assert (last.size_bytes, last.avail_bytes) == (first.size_bytes, first.avail_bytes)
+            assert last.checked_at >= first.checked_at > 0
 
-        def settled() -> dict[str, Capacity] | None:
-            s = state()
-            stuck = s[went].device_error and s[str(hung)].device_error
-            return s if stuck and s[str(tmpfs)].checked_at > fresh_at else None
-
-        after = wait_for(settled)
-        assert after[str(tmpfs)].size_bytes == 16 * MiB and not after[str(tmpfs)].device_error
-        # The last values read stay, as of when they were read.
-        last = after[went]
-        assert (last.size_bytes, last.avail_bytes, last.checked_at) == (
-            before[went].size_bytes, before[went].avail_bytes, before[went].checked_at
-        )  # fmt: skip
-        assert after[str(hung)].checked_at == 0.0
-        # The rest of the node is sampled as before: filesystems are no part of the sampler.
-        assert dict(telemetry.available())["network"]
-
-        # Many intervals later the fresh mount is still read, and each stuck mount still has
-        # its one probe blocked: none is piled on it.
-        fresh_at = after[str(tmpfs)].checked_at
-        wait_for(lambda: state()[str(tmpfs)].checked_at > fresh_at + 0.5)
-        probes = [t.name for t in threading.enumerate() if t.name.startswith("statvfs ")]
-        assert sorted(probes) == sorted(f"statvfs {m}" for m in (hung, went_hung))
+            # Many intervals later the fresh mount is still read, and the stuck mount still has
+            # its one statvfs blocked: none is piled behind it.
+            fresh_at = after[str(fresh)].checked_at
+            wait_for(lambda: state()[str(fresh)].checked_at > fresh_at + 10 * PROBE)
+            assert scanner._workers[str(went)]._tasks.empty()
+            assert state()[str(went)] == last  # read no more, still in error
     finally:
-        started = time.monotonic()
-        telemetry.stop()
-        stopped_in = time.monotonic() - started
-    assert stopped_in < 2.0
-
-
-CHILD = """
-import signal, sys, threading
-from pathlib import Path
-from checkpoint_exporter.config import Config, PathsConfig, TelemetryConfig
-from checkpoint_exporter.sources.telemetry.node import NodeTelemetry
-from checkpoint_exporter.sources.watch import Mount
-
-procfs, sysfs, hung = sys.argv[1:]
-asked = threading.Event()
-signal.signal(signal.SIGTERM, lambda *_: asked.set())
-paths = PathsConfig(procfs=Path(procfs), sysfs=Path(sysfs))
-telemetry = NodeTelemetry(Config(paths=paths, telemetry=TelemetryConfig(gpu="off")))
-telemetry.place(hung, Mount(hung, "hungfs", "fuse", "0:99"))
-telemetry.start()
-print("started", flush=True)
-asked.wait()
-telemetry.stop()
-"""
-
-
-def test_a_process_with_a_mount_hung_exits_within_2_s_of_sigterm(
-    node: FakeNode, hung: Path
-) -> None:
-    child = subprocess.Popen(
-        [sys.executable, "-c", CHILD, str(node.procfs), str(node.sysfs), str(hung)],
-        cwd=REPO, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
-        ready, _, _ = select.select([child.stdout], [], [], 15)
-        assert ready and child.stdout.readline() == "started\n"
-        wait_for(lambda: _blocked_on_fuse(child.pid))  # its statvfs probe is stuck in the kernel
-        child.send_signal(signal.SIGTERM)
-        asked = time.monotonic()
-        try:
-            returncode = child.wait(timeout=2.0)
-        except subprocess.TimeoutExpired:
-            pytest.fail("still running 2 s after SIGTERM, with a mount hung")
-        assert returncode == 0
-        assert time.monotonic() - asked < 2.0
-    finally:
-        if child.poll() is None:
-            child.kill()  # a wait for FUSE is killable
-            child.wait()
-        child.stdout.close()
+        scanner.stop()

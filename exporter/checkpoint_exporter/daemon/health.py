@@ -1,18 +1,17 @@
-"""The exporter's own health: stuck mounts, probes of watched filesystems, readiness and
-the age of each tier's view, node telemetry, and the DaemonState published with the jobs."""
+"""The exporter's own health: stuck mounts, the statvfs probe of each watched filesystem (its
+capacity and device error), readiness and the age of each tier's view, node telemetry, and the
+DaemonState published with the jobs."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 from collections import Counter
-from collections.abc import Callable
 
 from checkpoint_exporter.daemon.messages import Probed
 from checkpoint_exporter.daemon.state import (
     PROBE_SECONDS,
     STUCK_SECONDS,
+    Probe,
     Tier,
 )
 from checkpoint_exporter.daemon.timers import (
@@ -21,8 +20,15 @@ from checkpoint_exporter.daemon.timers import (
     StuckCheck,
 )
 from checkpoint_exporter.daemon.workers import TaskFailed
-from checkpoint_exporter.model import DaemonState
-from checkpoint_exporter.sources.watch import INOTIFY
+from checkpoint_exporter.model import DaemonState, FilesystemState
+from checkpoint_exporter.sources.telemetry.filesystem import (
+    ProbeState,
+    Statvfs,
+    Target,
+    capacities,
+    statvfs_of,
+)
+from checkpoint_exporter.sources.watch import INOTIFY, Mount
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +58,7 @@ class Health:
                 log.error("filesystem %s is stuck: no answer for %.0f s; its jobs wait for it",
                           mountpoint or "(unknown mount)", stalled)  # fmt: skip
                 self._health = None
+                self._refresh_node()  # its device error, in the same publication
             self._timers.at(StuckCheck(mountpoint), now + STUCK_SECONDS)
         else:
             self._timers.at(StuckCheck(mountpoint), now + STUCK_SECONDS - stalled)
@@ -63,6 +70,7 @@ class Health:
         worker.stuck = False
         log.warning("filesystem %s answers again", mountpoint or "(unknown mount)")
         self._health = None
+        self._refresh_node()
         now = self.monotonic()
         for source in self._sources.values():
             for tier in source.tiers:
@@ -72,38 +80,59 @@ class Health:
     def _all_tiers(self) -> list[Tier]:
         return [tier for source in self._sources.values() for tier in source.tiers]
 
+    def _probe_placed(self, tier: Tier, mount: Mount | None) -> None:
+        """Probe the mount a tier was just placed on from now on (at once, the first time): its
+        statvfs is the mountpoint's; a mount the table does not name, the tier's path's."""
+        probe = self._probes.get(tier.worker)
+        if probe is None:
+            target = Target(mount.mountpoint, mount.device, mount.fstype) if mount else None
+            probe = Probe(ProbeState(target, mount.mountpoint if mount else tier.path))
+            self._probes[tier.worker] = probe
+            self._timers.soon(ProbeDue(tier.worker), self.monotonic())
+        probe.inotify = probe.inotify or tier.mode == INOTIFY
+
     def _probe(self, mountpoint: str, now: float) -> None:
-        """Confirm an inotify-watched filesystem still answers (its tiers are not re-read)."""
-        roots = [
-            tier.path
-            for source in self._sources.values()
-            for tier in source.tiers
-            if tier.worker == mountpoint and tier.mode == INOTIFY
-        ]
-        worker = self._workers.get(mountpoint)
-        if not roots or worker is None:
+        """statvfs the mount on its worker: one task per mount per PROBE_SECONDS, whatever the
+        number of jobs on it, and none while one is queued or its worker is stuck."""
+        probe, worker = self._probes.get(mountpoint), self._workers.get(mountpoint)
+        if probe is None or worker is None:
             return
         self._timers.at(ProbeDue(mountpoint), now + PROBE_SECONDS)
-        if worker.stuck:
+        if worker.stuck or probe.in_flight:
             return
+        probe.in_flight = True
+        path, clock = probe.state.path, self.clock
         worker.submit(
-            lambda: _probe_path(mountpoint, roots[0], self.clock), name=f"probe {roots[0]}"
+            lambda: Probed(mountpoint, clock(), statvfs_of(path, clock)),
+            name=f"statvfs {path}",
+            fallback=lambda error: Probed(mountpoint, clock(), Statvfs(failed=repr(error))),
         )
         self._timers.soon(StuckCheck(mountpoint), now + STUCK_SECONDS)
 
-    def _probed(self, probe: Probed) -> None:
-        self._unstick(probe.worker)
+    def _probed(self, probed: Probed) -> None:
+        self._unstick(probed.worker)
+        probe = self._probes.get(probed.worker)
+        if probe is None:
+            return
+        probe.in_flight = False
+        _log_answer(probe.state, probed.answer)
+        probe.state.answered(probed.answer)
+        self._refresh_node()
+        if probe.inotify:  # an answer, even an error, says events would come
+            probe.inotify = self._confirm(probed.worker, probed.at)
+            self._health_changed()
+
+    def _confirm(self, mountpoint: str, at: float) -> bool:
+        """The mount's inotify-watched tiers' views are current as of ``at``; whether it has any."""
+        found = False
         for source in self._sources.values():
             for tier in source.tiers:
-                if (
-                    tier.worker == probe.worker
-                    and tier.mode == INOTIFY
-                    and tier.first_done
-                    and not tier.pending
-                    and tier.failures == 0
-                ):
-                    tier.confirmed = max(tier.confirmed, probe.at)
-        self._health_changed()
+                if tier.worker != mountpoint or tier.mode != INOTIFY:
+                    continue
+                found = True
+                if tier.first_done and not tier.pending and tier.failures == 0:
+                    tier.confirmed = max(tier.confirmed, at)
+        return found
 
     def _task_failed(self, failed: TaskFailed) -> None:
         """A worker task raised (a bug): logged here, once, counted, and what the core set up
@@ -154,8 +183,17 @@ class Health:
         return self._health
 
     def _refresh_node(self) -> None:
-        if self.telemetry is None:
-            return
+        """The filesystems' capacity (from the probes) and which telemetry has data: republished
+        when either moved."""
+        available = self.telemetry.available() if self.telemetry is not None else None
+        node = (self._filesystems(), available)
+        if node != self._node:
+            self._node = node
+            self._republish = True
+
+    def _filesystems(self) -> tuple[FilesystemState, ...]:
+        """Probed filesystems by mountpoint, once read or in error (its worker stuck, its latest
+        statvfs failed). One that never answered is there with checked_at 0, size and avail 0."""
         if self._reserves is None:
             reserves: dict[str, float] = {}
             for source in self._sources.values():
@@ -165,10 +203,15 @@ class Health:
                             reserves.get(tier.mountpoint, 0.0), source.policy.capacity_reserve
                         )
             self._reserves = reserves
-        node = (self.telemetry.filesystems(self._reserves), self.telemetry.available())
-        if node != self._node:
-            self._node = node
-            self._republish = True
+        mounts = [(probe.state, self._workers[key].stuck) for key, probe in self._probes.items()]
+        return tuple(
+            FilesystemState(
+                c.mountpoint, c.device, c.fstype, c.size_bytes, c.avail_bytes,
+                self._reserves.get(c.mountpoint, 0.0), device_error=c.device_error,
+                checked_at=c.checked_at,
+            )
+            for c in capacities(mounts)
+        )  # fmt: skip
 
     def _events_dropped(self) -> Counter[str]:
         """Events refused, by reason: by the spool reader, and by the jobs' clocks (their caps
@@ -211,19 +254,21 @@ class Health:
             config_reload_success_time=reload_time,
             worker_task_failures=tuple(sorted(self._task_failures.items())),
         )
-        if self.telemetry is None:
-            self.tracker.publish(daemon, changed=self._changed_jobs)
-        else:
-            filesystems, available = self._node
-            self.tracker.publish(daemon, filesystems, available, changed=self._changed_jobs)
+        filesystems, available = self._node
+        self.tracker.publish(daemon, filesystems, available, changed=self._changed_jobs)
         self._changed_jobs = set()
         self._republish = False
 
 
-def _probe_path(mountpoint: str, path: str, clock: Callable[[], float]) -> Probed:
-    with contextlib.suppress(OSError):  # an error is an answer all the same
-        os.stat(path)
-    return Probed(mountpoint, clock())
+def _log_answer(before: ProbeState, answer: Statvfs) -> None:
+    """What changed in a mount's statvfs answers, logged once per change."""
+    mountpoint = before.path
+    if answer.gone != before.gone:
+        log.info("mountpoint %s %s", mountpoint, "is gone" if answer.gone else "is back")
+    if answer.failed is not None and answer.failed != before.failed:
+        log.warning("statvfs of %s failed: %s", mountpoint, answer.failed)
+    elif answer.failed is None and before.failed is not None:
+        log.info("statvfs of %s answers again", mountpoint)
 
 
 def _entries(tier: Tier) -> int:

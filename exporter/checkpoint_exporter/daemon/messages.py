@@ -11,6 +11,7 @@ from checkpoint_exporter.config import Config
 from checkpoint_exporter.daemon.state import Discovery, Tier
 from checkpoint_exporter.sources import layouts
 from checkpoint_exporter.sources.listing import TreeReader
+from checkpoint_exporter.sources.telemetry.filesystem import Statvfs
 from checkpoint_exporter.sources.watch import Mount
 
 # --- values the workers hand back -------------------------------------------------------------
@@ -64,8 +65,11 @@ class Listed:
 
 @dataclass(frozen=True)
 class Probed:
+    """A statvfs of the mount, run on its worker."""
+
     worker: str
     at: float  # wall time the filesystem answered
+    answer: Statvfs
 
 
 # --- what other threads put in the core's inbox -------------------------------------------------

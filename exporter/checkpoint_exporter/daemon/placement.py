@@ -10,7 +10,6 @@ from checkpoint_exporter.config import NODE, SHARED, JobConfig, Policy
 from checkpoint_exporter.core.inputs import PathsPlaced
 from checkpoint_exporter.daemon.messages import Placed, PlaceFailed
 from checkpoint_exporter.daemon.state import (
-    PROBE_SECONDS,
     STUCK_SECONDS,
     Source,
     Tier,
@@ -18,7 +17,6 @@ from checkpoint_exporter.daemon.state import (
 )
 from checkpoint_exporter.daemon.timers import (
     JobDue,
-    ProbeDue,
     StuckCheck,
 )
 from checkpoint_exporter.daemon.validator import Validator
@@ -190,8 +188,7 @@ class Placement:
                  tier.job, tier.tier, tier.path, tier.mode, tier.reason)  # fmt: skip
         self._publish_paths(source)
         self._reserves = None
-        if tier.mode == INOTIFY:
-            self._timers.soon(ProbeDue(tier.worker), self.monotonic() + PROBE_SECONDS)
+        self._probe_placed(tier, placed.mount)
         self._timers.soon(tier.key, self.monotonic())
 
     def _publish_paths(self, source: Source) -> None:

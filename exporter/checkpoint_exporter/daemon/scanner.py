@@ -72,12 +72,7 @@ from checkpoint_exporter.daemon.placement import Placement
 from checkpoint_exporter.daemon.reads import Reads
 from checkpoint_exporter.daemon.reload import Reloading
 from checkpoint_exporter.daemon.spooling import SpoolSide
-from checkpoint_exporter.daemon.state import (
-    STUCK_SECONDS,
-    Discovery,
-    Source,
-    Tier,
-)
+from checkpoint_exporter.daemon.state import STUCK_SECONDS, Discovery, Probe, Source, Tier
 from checkpoint_exporter.daemon.timers import (
     HEALTH_REFRESH,
     NODE_REFRESH,
@@ -100,10 +95,7 @@ from checkpoint_exporter.sources.listing import OpsBudget
 from checkpoint_exporter.sources.spool import SpoolReader
 from checkpoint_exporter.sources.telemetry.node import NodeTelemetry
 from checkpoint_exporter.sources.validate import Limits
-from checkpoint_exporter.sources.watch import (
-    Watcher,
-    read_mounts,
-)
+from checkpoint_exporter.sources.watch import Watcher, read_mounts
 
 # Re-exported: tests and tools import these from here.
 __all__ = ["STUCK_SECONDS", "Scanner", "Validator"]
@@ -195,7 +187,8 @@ class Scanner(Placement, Discovering, Reads, Health, Validation, SpoolSide, Relo
         self._ready = False
         self._not_ready = "first pass not started"
         self._reserves: dict[str, float] | None = None
-        self._node: tuple[tuple, tuple] = ((), ())  # filesystems, telemetry sources with data
+        self._probes: dict[str, Probe] = {}  # by mountpoint (its worker's): its statvfs answers
+        self._node: tuple[tuple, tuple | None] = ((), ())  # filesystems, telemetry with data
         self._reload: tuple[bool, float] = (True, self.clock())  # successful, success time
         self._spool_writable: bool | None = None  # checked where the spool is read
         # What a reload that changed a discover root knew of its jobs' lives, until each is found

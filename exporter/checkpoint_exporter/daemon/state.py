@@ -10,6 +10,7 @@ from checkpoint_exporter.daemon.timers import ScanDue
 from checkpoint_exporter.model import DURABLE
 from checkpoint_exporter.sources import layouts
 from checkpoint_exporter.sources.listing import TreeReader
+from checkpoint_exporter.sources.telemetry.filesystem import ProbeState
 
 # A filesystem task (a read, a stat) that completes no metadata operation for this long marks
 # its mount stuck. A healthy NFS, Lustre or GPFS operation takes milliseconds and its bad tail a
@@ -18,8 +19,9 @@ from checkpoint_exporter.sources.listing import TreeReader
 # minutes the staleness alerts work in, and a cold pass that crawls under the metadata-ops budget
 # still moves (its progress is what is timed, not its length).
 STUCK_SECONDS = 30.0
-# An inotify-watched tier is not read while nothing changes: a stat of one of its filesystem's
-# roots, this often, confirms the view is current (the filesystem answers, so events would come).
+# Each mount behind a watched tier is statvfs'd this often, on its worker: its capacity, its
+# health, and for an inotify-watched tier (not read while nothing changes) the confirmation that
+# its view is current (the filesystem answers, so events would come).
 PROBE_SECONDS = 30.0
 
 
@@ -98,3 +100,13 @@ def configured_scope(tier: str, policy: Policy) -> str:
 def contains(parent: str, child: str) -> bool:
     parent = parent.rstrip("/")
     return child == parent or child.startswith(parent + "/")
+
+
+@dataclass(eq=False)
+class Probe:
+    """A mount the core probes (daemon/health.py): its latest statvfs answers, and the probe's
+    own bookkeeping."""
+
+    state: ProbeState
+    in_flight: bool = False  # a probe is queued or running on the mount's worker: not another
+    inotify: bool = False  # it may hold inotify-watched tiers, which an answer confirms

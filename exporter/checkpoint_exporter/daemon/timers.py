@@ -90,7 +90,7 @@ class StuckCheck:
 
 @dataclass(frozen=True)
 class ProbeDue:
-    """A stat confirming an inotify-watched filesystem still answers."""
+    """A statvfs of a mount behind watched tiers: its capacity, and that it still answers."""
 
     mountpoint: str
 

@@ -1,18 +1,17 @@
-"""This node's telemetry, assembled from the config: sources, sampler, capacity, correlation."""
+"""This node's telemetry, assembled from the config: sources, sampler, correlation. (Filesystem
+capacity is the daemon's own statvfs probe, on each mount's worker: daemon/health.py.)"""
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from checkpoint_exporter.config import Config
-from checkpoint_exporter.model import FilesystemState, WindowTelemetry
+from checkpoint_exporter.model import WindowTelemetry
 from checkpoint_exporter.sources.telemetry.correlate import correlate
 from checkpoint_exporter.sources.telemetry.disk import BlockDevice, DiskSource, resolve
-from checkpoint_exporter.sources.telemetry.filesystem import CapacityMonitor, Target
 from checkpoint_exporter.sources.telemetry.gpu import GpuSource
 from checkpoint_exporter.sources.telemetry.infiniband import InfinibandSource
 from checkpoint_exporter.sources.telemetry.net import NetSource
@@ -21,8 +20,6 @@ from checkpoint_exporter.sources.watch import Mount
 
 log = logging.getLogger(__name__)
 
-CAPACITY_INTERVAL = 15.0  # seconds between statvfs probes of a mount
-CAPACITY_BUDGET = 5.0  # a probe not back by then reports its filesystem's device error
 STOP_TIMEOUT = 0.5  # the most stop() waits in all, so SIGTERM ends the process within 2 s
 
 
@@ -35,12 +32,7 @@ class Placement:
 
 
 class NodeTelemetry:
-    def __init__(
-        self,
-        config: Config,
-        capacity_interval: float = CAPACITY_INTERVAL,
-        capacity_budget: float = CAPACITY_BUDGET,
-    ):
+    def __init__(self, config: Config):
         paths, telemetry = config.paths, config.telemetry
         self.net = NetSource(
             paths.procfs, paths.sysfs, telemetry.network_devices, skip_ipoib=telemetry.infiniband
@@ -51,41 +43,24 @@ class NodeTelemetry:
         sources = [s for s in (self.net, self.infiniband, self.disk, self.gpu) if s is not None]
         self.sampler = Sampler(sources, telemetry.sample_interval, telemetry.retention)
         self.sysfs = paths.sysfs
-        self.capacity = CapacityMonitor(capacity_budget)
-        self.capacity_interval = capacity_interval
-        self._stop = threading.Event()
-        self._capacity_thread = threading.Thread(target=self._probe, name="capacity", daemon=True)
 
     def start(self) -> None:
         self.sampler.sample_once()  # a first sample now, so the first window has a "before"
         self.sampler.start()
-        self._capacity_thread.start()
 
     def stop(self, timeout: float = STOP_TIMEOUT) -> None:
-        """Returns within ``timeout``, whatever the filesystems and the GPU driver do: statvfs
-        probes are never waited for, and a sampler or NVML call still hung by then is left on
-        its daemon thread (the process's exit ends it)."""
+        """Returns within ``timeout``, whatever the GPU driver does: a sampler or NVML call still
+        hung by then is left on its daemon thread (the process's exit ends it)."""
         deadline = time.monotonic() + timeout
-        self._stop.set()
-        self.capacity.close()
         self.sampler.stop(timeout)
-        if self._capacity_thread.is_alive():  # it only starts probes: it wakes and ends at once
-            self._capacity_thread.join(max(0.0, deadline - time.monotonic()))
         if self.gpu is not None:
             self.gpu.close(max(0.0, deadline - time.monotonic()))
 
-    def _probe(self) -> None:
-        # Mounts are probed once when placed; then again every interval.
-        while not self._stop.wait(self.capacity_interval):
-            self.capacity.probe()
-
     def place(self, path: str, mount: Mount | None) -> Placement:
-        """Register a watched path: its disk is sampled and its filesystem's capacity probed."""
+        """Register a watched path: its disk is sampled."""
         device = resolve(self.sysfs, mount.major_minor) if mount else None
         if device is not None:
             self.disk.add(device.name)
-        if mount is not None:
-            self.capacity.add(Target(mount.mountpoint, mount.device, mount.fstype))
         return Placement(mount, device)
 
     def correlate(self, start: float, end: float, disks: Iterable[str]) -> WindowTelemetry:
@@ -105,23 +80,6 @@ class NodeTelemetry:
         if "/" in device and self.infiniband is not None:
             return self.infiniband.speed_bits(device)
         return self.net.speed_bits(device)
-
-    def filesystems(self, reserves: dict[str, float]) -> tuple[FilesystemState, ...]:
-        """Placed filesystems by mountpoint, once read or in error. One whose statvfs never
-        answered is there with device_error and checked_at 0: its size and avail (0) are unknown."""
-        return tuple(
-            FilesystemState(
-                c.mountpoint,
-                c.device,
-                c.fstype,
-                c.size_bytes,
-                c.avail_bytes,
-                reserves.get(c.mountpoint, 0.0),
-                device_error=c.device_error,
-                checked_at=c.checked_at,
-            )
-            for c in self.capacity.capacities()
-        )
 
     def available(self) -> tuple[tuple[str, bool], ...]:
         return tuple(sorted(self.sampler.available.items()))
