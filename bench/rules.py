@@ -35,7 +35,8 @@ import yaml
 from prometheus_client import generate_latest
 
 from checkpoint_exporter.config import Config, Policy
-from checkpoint_exporter.core.tracker import JobTracker, Tracker
+from checkpoint_exporter.core.jobs import Tracker
+from checkpoint_exporter.core.tracker import JobTracker
 from checkpoint_exporter.exposition.collectors import enabled_collectors
 from checkpoint_exporter.exposition.metrics import build_registry
 from checkpoint_exporter.model import (

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 
 from checkpoint_exporter.config import WebConfig
-from checkpoint_exporter.core.tracker import Tracker
+from checkpoint_exporter.core.jobs import Tracker
 from checkpoint_exporter.exposition.collectors import enabled_collectors
 from checkpoint_exporter.exposition.metrics import build_registry
 from checkpoint_exporter.exposition.renderer import Renderer, runtime_registry

@@ -24,7 +24,8 @@ from checkpoint_exporter.config import (
     parse_config,
 )
 from checkpoint_exporter.core.diagnosis import PastSave, SaveFacts, diagnose
-from checkpoint_exporter.core.tracker import JobTracker, Tracker
+from checkpoint_exporter.core.jobs import Tracker
+from checkpoint_exporter.core.tracker import JobTracker
 from checkpoint_exporter.exposition.collectors import REGISTRY, enabled_collectors
 from checkpoint_exporter.exposition.renderer import Renderer
 from checkpoint_exporter.model import (

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from checkpoint_exporter.config import Config, Policy
-from checkpoint_exporter.core.tracker import JobTracker, Tracker
+from checkpoint_exporter.core.jobs import Tracker
+from checkpoint_exporter.core.tracker import JobTracker
 from checkpoint_exporter.model import ABORTED, COMMITTED, DURABLE, STAGING, WRITING, WatchedPath
 from checkpoint_exporter.sources.layouts.base import DCP, Check, Found
 from checkpoint_exporter.sources.validate import Verdict

@@ -12,7 +12,8 @@ import pytest
 
 from checkpoint_exporter.config import Config, JobConfig, Policy
 from checkpoint_exporter.core.inputs import SpoolEvents
-from checkpoint_exporter.core.tracker import Tracker, ValidationRequest
+from checkpoint_exporter.core.jobs import Tracker
+from checkpoint_exporter.core.tracker import ValidationRequest
 from checkpoint_exporter.daemon.scanner import Scanner
 from checkpoint_exporter.daemon.timers import JobDue
 from checkpoint_exporter.daemon.validator import RETRY_UNCHECKED_SECONDS

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from checkpoint_exporter.config import Config, JobConfig, PathsConfig, Policy
-from checkpoint_exporter.core.tracker import Tracker
+from checkpoint_exporter.core.jobs import Tracker
 from checkpoint_exporter.daemon.health import PROBE_SECONDS
 from checkpoint_exporter.daemon.scanner import STUCK_SECONDS, Scanner
 from checkpoint_exporter.daemon.workers import Fallback, InlineWorker, Progress, Task

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from checkpoint_exporter.config import Config, DiscoverConfig, Policy
-from checkpoint_exporter.core.tracker import Tracker
+from checkpoint_exporter.core.jobs import Tracker
 from checkpoint_exporter.daemon.scanner import Scanner
 from checkpoint_exporter.daemon.timers import SPOOL_POLL, Periodic, TimerKey
 from tests.conftest import wait_for

@@ -24,7 +24,8 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 
 from checkpoint_exporter.config import Config, Policy
-from checkpoint_exporter.core.tracker import JobTracker, Tracker
+from checkpoint_exporter.core.jobs import Tracker
+from checkpoint_exporter.core.tracker import JobTracker
 from checkpoint_exporter.exposition.collectors import enabled_collectors
 from checkpoint_exporter.exposition.collectors.base import SnapshotCollector
 from checkpoint_exporter.exposition.renderer import Renderer

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from checkpoint_exporter.config import Config, DiscoverConfig, JobConfig, Policy
-from checkpoint_exporter.core.tracker import Tracker
+from checkpoint_exporter.core.jobs import Tracker
 from checkpoint_exporter.daemon import discovery, reads
 from checkpoint_exporter.daemon.scanner import Scanner
 from checkpoint_exporter.daemon.workers import InlineWorker, MountWorker, TaskFailed

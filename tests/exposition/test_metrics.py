@@ -17,7 +17,7 @@ from prometheus_client.openmetrics.exposition import generate_latest as openmetr
 from prometheus_client.registry import CollectorRegistry
 
 from checkpoint_exporter.config import parse_config
-from checkpoint_exporter.core.tracker import Tracker
+from checkpoint_exporter.core.jobs import Tracker
 from checkpoint_exporter.exposition import metrics
 from checkpoint_exporter.exposition.collectors import ALL_SPECS, REGISTRY, enabled_collectors
 from checkpoint_exporter.exposition.collectors.base import NoDataError, SnapshotCollector

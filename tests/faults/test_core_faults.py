@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from checkpoint_exporter.config import Config, JobConfig, Policy
-from checkpoint_exporter.core.tracker import Tracker
+from checkpoint_exporter.core.jobs import Tracker
 from checkpoint_exporter.daemon.scanner import STUCK_SECONDS, Scanner
 from checkpoint_exporter.sources.listing import TreeReader
 from tests.conftest import Exporter, sample, wait_for, write_config

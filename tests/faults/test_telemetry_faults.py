@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from checkpoint_exporter.config import Config, JobConfig, Policy
-from checkpoint_exporter.core.tracker import Tracker
+from checkpoint_exporter.core.jobs import Tracker
 from checkpoint_exporter.daemon import discovery, health, placement, reads
 from checkpoint_exporter.daemon.scanner import Scanner
 from checkpoint_exporter.model import FilesystemState

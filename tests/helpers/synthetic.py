@@ -8,7 +8,8 @@ from __future__ import annotations
 import time
 
 from checkpoint_exporter.config import Config, Policy
-from checkpoint_exporter.core.tracker import JobTracker, Tracker
+from checkpoint_exporter.core.jobs import Tracker
+from checkpoint_exporter.core.tracker import JobTracker
 from checkpoint_exporter.model import COMMITTED, DURABLE, STAGING, WatchedPath, WindowTelemetry
 from checkpoint_exporter.sources.layouts.base import Found
 from checkpoint_exporter.sources.spool import Event

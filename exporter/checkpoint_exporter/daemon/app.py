@@ -88,7 +88,7 @@ class App:
 
     def run(self) -> int:
         """Serve until SIGTERM or SIGINT; the exit status."""
-        from checkpoint_exporter.core.tracker import Tracker
+        from checkpoint_exporter.core.jobs import Tracker
         from checkpoint_exporter.daemon.scanner import Scanner
         from checkpoint_exporter.exposition.collectors import enabled_collectors
         from checkpoint_exporter.exposition.renderer import Renderer, runtime_registry

@@ -7,7 +7,7 @@ import logging
 from dataclasses import fields, replace
 
 from checkpoint_exporter.config import Config
-from checkpoint_exporter.core.tracker import job_paths
+from checkpoint_exporter.core.jobs import job_paths
 from checkpoint_exporter.daemon.state import Discovery
 from checkpoint_exporter.daemon.timers import DiscoverDue
 from checkpoint_exporter.sources.watch import read_mounts

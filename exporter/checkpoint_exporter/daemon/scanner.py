@@ -47,13 +47,9 @@ from collections.abc import Callable
 
 from checkpoint_exporter.config import NODE, Config
 from checkpoint_exporter.core.inputs import Effects
+from checkpoint_exporter.core.jobs import Tracker, job_paths
 from checkpoint_exporter.core.liveness import Life
-from checkpoint_exporter.core.tracker import (
-    Histogram,
-    Tracker,
-    ValidationRequest,
-    job_paths,
-)
+from checkpoint_exporter.core.tracker import Histogram, ValidationRequest
 from checkpoint_exporter.daemon.discovery import Discovering
 from checkpoint_exporter.daemon.health import Health
 from checkpoint_exporter.daemon.messages import (
