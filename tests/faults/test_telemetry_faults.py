@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -125,10 +124,11 @@ def test_a_hung_mount_reports_device_error_and_the_others_stay_fresh(
         probes = [t.name for t in threading.enumerate() if t.name.startswith("statvfs ")]
         assert sorted(probes) == sorted(f"statvfs {m}" for m in (hung, went_hung))
     finally:
-        started = time.monotonic()
         telemetry.stop()
-        stopped_in = time.monotonic() - started
-    assert stopped_in < 2.0
+    # stop() returned while both probes still wait in the kernel (they end when the hung mount
+    # is aborted, after the test): it waited for neither.
+    blocked = [t for t in threading.enumerate() if t.name.startswith("statvfs ")]
+    assert sorted(t.name for t in blocked if t.is_alive()) == sorted(probes)
 
 
 CHILD = """
@@ -151,9 +151,7 @@ telemetry.stop()
 """
 
 
-def test_a_process_with_a_mount_hung_exits_within_2_s_of_sigterm(
-    node: FakeNode, hung: Path
-) -> None:
+def test_a_process_with_a_mount_hung_exits_on_sigterm(node: FakeNode, hung: Path) -> None:
     child = subprocess.Popen(
         [sys.executable, "-c", CHILD, str(node.procfs), str(node.sysfs), str(hung)],
         cwd=REPO, stdout=subprocess.PIPE, text=True,
@@ -163,13 +161,11 @@ def test_a_process_with_a_mount_hung_exits_within_2_s_of_sigterm(
         assert ready and child.stdout.readline() == "started\n"
         wait_for(lambda: _blocked_on_fuse(child.pid))  # its statvfs probe is stuck in the kernel
         child.send_signal(signal.SIGTERM)
-        asked = time.monotonic()
-        try:
-            returncode = child.wait(timeout=2.0)
+        try:  # a hang guard, not a speed claim: stop() waits for no probe (the test above)
+            returncode = child.wait(timeout=30)
         except subprocess.TimeoutExpired:
-            pytest.fail("still running 2 s after SIGTERM, with a mount hung")
+            pytest.fail("still running 30 s after SIGTERM, with a mount hung")
         assert returncode == 0
-        assert time.monotonic() - asked < 2.0
     finally:
         if child.poll() is None:
             child.kill()  # a wait for FUSE is killable
