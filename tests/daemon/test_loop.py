@@ -19,6 +19,7 @@ from checkpoint_exporter.daemon.validator import RETRY_UNCHECKED_SECONDS
 from checkpoint_exporter.daemon.workers import InlineWorker
 from checkpoint_exporter.events import Event
 from checkpoint_exporter.model import JobState, Verdict
+from tests.helpers.trees import dcp_generation
 
 
 @dataclass
@@ -233,3 +234,35 @@ def test_a_placement_that_raises_is_placed_again_after_a_pause(
     assert len(calls) == 2 and tier.reader is not None
     assert dict(loop.tracker.snapshot.daemon.worker_task_failures) == {tier.worker: 1}
     assert scanner.readiness() is None
+
+
+def test_a_polled_tier_is_read_at_its_poll_interval(tmp_path: Path) -> None:
+    """A tier no watcher follows (a network filesystem, ``watch: poll``) sees a new generation
+    at its next poll: not before its poll_interval, and at the turn it comes due."""
+    job = tmp_path / "job"
+    job.mkdir()
+    policy = Policy(layout="dcp", watch="poll", poll_interval=2.0)
+    config = Config(spool=tmp_path / "spool", jobs=(JobConfig("j", job, None, policy),))
+    tracker = Tracker(config)
+    clocks = Clocks(wall=time.time())
+    scanner = Scanner(
+        config, tracker, watcher_factory=None, clock=lambda: clocks.wall,
+        monotonic=lambda: clocks.mono, worker_factory=InlineWorker,
+    )  # fmt: skip
+
+    def seen() -> bool:
+        (state,) = tracker.snapshot.jobs
+        return any(g.id == "step-5" for g in state.generations)
+
+    scanner.turn()
+    scanner.turn()  # the first read applied: the tier's next poll is due poll_interval later
+    polled_at = clocks.mono
+    dcp_generation(job / "step-5")  # no watch event: only a poll finds it
+    while clocks.mono + 0.25 < polled_at + policy.poll_interval:
+        clocks.advance(0.25)
+        scanner.turn()
+        assert not seen()  # not read before its interval
+    clocks.advance(0.5)  # past the interval (on the poll's 0.25 s grid)
+    for _ in range(3):  # sent, applied (and held for the full read of a commit), read again
+        scanner.turn()
+    assert seen()
