@@ -4,6 +4,7 @@ ordering rules the daemon keeps between its inputs."""
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -13,7 +14,7 @@ import pytest
 from checkpoint_exporter.config import Config, JobConfig, Policy
 from checkpoint_exporter.core.inputs import SpoolEvents
 from checkpoint_exporter.core.tracker import Tracker, ValidationRequest
-from checkpoint_exporter.daemon.scanner import Scanner
+from checkpoint_exporter.daemon.scanner import SPOOL_POLL_SECONDS, Scanner
 from checkpoint_exporter.daemon.timers import JobDue
 from checkpoint_exporter.daemon.validator import RETRY_UNCHECKED_SECONDS
 from checkpoint_exporter.daemon.workers import InlineWorker
@@ -266,3 +267,32 @@ def test_a_polled_tier_is_read_at_its_poll_interval(tmp_path: Path) -> None:
     for _ in range(3):  # sent, applied (and held for the full read of a commit), read again
         scanner.turn()
     assert seen()
+
+
+def test_a_spool_training_jobs_cannot_write_stays_reported_until_it_is_fixed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kubelet's 0755 spool is unwritable at every check, however many pass; 1733 is
+    writable from the next check on."""
+    loop = _loop(tmp_path)
+    spool = loop.scanner.config.spool
+    spool.mkdir(mode=0o755)
+    os.chmod(spool, 0o755)
+    checks: list[float] = []
+    check = loop.scanner._check_spool
+    monkeypatch.setattr(loop.scanner, "_check_spool", lambda: (checks.append(0.0), check()))
+
+    def writable() -> bool | None:
+        return loop.tracker.snapshot.daemon.spool_writable
+
+    loop.scanner.turn()
+    assert len(checks) == 1 and writable() is False
+    while len(checks) < 4:  # three checks more, on the loop's own cadence
+        loop.clocks.advance(SPOOL_POLL_SECONDS)
+        loop.scanner.turn()
+        assert writable() is False
+    os.chmod(spool, 0o1733)
+    while len(checks) < 5:
+        loop.clocks.advance(SPOOL_POLL_SECONDS)
+        loop.scanner.turn()
+    assert writable() is True
