@@ -17,7 +17,7 @@ import pytest
 
 from checkpoint_exporter import instrument
 from checkpoint_exporter.sources.spool import MAX_LINE, ROOT_RELIST_MIN, Event, SpoolReader
-from tests.conftest import REPO
+from tests.conftest import REPO, wait_for
 
 
 def lines(spool: Path, job: str) -> list[dict]:
@@ -455,7 +455,13 @@ def test_start_heartbeats_until_finished(tmp_path: Path) -> None:
     events = lines(tmp_path, "alive")
     assert [e["event"] for e in events].count("heartbeat") >= 3
     assert events[-1]["event"] == "finished" or events[-2]["event"] == "finished"
-    time.sleep(0.2)  # four intervals: a heartbeat thread still running would write more
+    # Another job on the same heartbeat thread: once it has beaten twice more, the thread has
+    # been due for "alive" several times over, and would have written for it by then.
+    instrument.start(training_job="witness", spool=str(tmp_path), interval=0.05)
+    try:
+        wait_for(lambda: [e["event"] for e in lines(tmp_path, "witness")].count("heartbeat") >= 3)
+    finally:
+        instrument.finished(training_job="witness", spool=str(tmp_path))
     after = lines(tmp_path, "alive")
     finished_at = next(i for i, e in enumerate(after) if e["event"] == "finished")
     assert all(e["event"] != "heartbeat" for e in after[finished_at + 1 :])
