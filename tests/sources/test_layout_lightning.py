@@ -402,6 +402,7 @@ _VALUES = st.recursive(
     st.integers(0, 8),
     st.integers(2, 5),
 )
+@pytest.mark.slow
 def test_fuzz_the_step_is_exactly_the_top_level_one(
     others: dict, step: int | None, position: int, protocol: int
 ) -> None:
