@@ -21,19 +21,8 @@ from checkpoint_exporter.daemon.validator import RETRY_UNCHECKED_SECONDS
 from checkpoint_exporter.daemon.workers import InlineWorker
 from checkpoint_exporter.events import Event
 from checkpoint_exporter.model import JobState, Verdict
+from tests.helpers.clocks import Clocks
 from tests.helpers.trees import dcp_generation
-
-
-@dataclass
-class Clocks:
-    """The core's two clocks, moved by the test alone."""
-
-    wall: float
-    mono: float = 1000.0
-
-    def advance(self, seconds: float) -> None:
-        self.wall += seconds
-        self.mono += seconds
 
 
 @dataclass

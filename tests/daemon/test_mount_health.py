@@ -26,18 +26,9 @@ from checkpoint_exporter.sources.telemetry.filesystem import (
     Target,
     capacity_of,
 )
+from tests.helpers.clocks import Clocks
 
 REAL_STATVFS = os.statvfs
-
-
-@dataclass
-class Clocks:
-    wall: float
-    mono: float = 1000.0
-
-    def advance(self, seconds: float) -> None:
-        self.wall += seconds
-        self.mono += seconds
 
 
 class HangingWorker(InlineWorker):
