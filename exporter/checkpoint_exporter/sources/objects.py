@@ -27,10 +27,17 @@ import time
 import zlib
 from array import array
 from collections import Counter
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from checkpoint_exporter.model import (
+    MISSING_SHARD,
+    TRUNCATED_SHARD,
+    Check,
+    ObjectStoreUsage,
+    Verdict,
+)
 from checkpoint_exporter.sources.listing import DIR, FILE, Dir, OpsBudget, ScanStats
 from checkpoint_exporter.storage_url import ObjectURL
 
@@ -91,17 +98,6 @@ class ObjectStore(Protocol):
     ) -> tuple[tuple[Upload, ...], tuple[str, str] | None]: ...
 
     def uploaded_bytes(self, upload: Upload) -> int | None: ...
-
-
-@dataclass(frozen=True)
-class ObjectStoreUsage:
-    """One job's requests and open uploads, as of its tier's last read (frozen: handed on)."""
-
-    requests: tuple[tuple[str, int], ...] = ()  # (operation, count)
-    errors: tuple[tuple[str, str, int], ...] = ()  # (operation, code, count)
-    incomplete_uploads: int = 0
-    incomplete_upload_bytes: int | None = None  # None: the store did not tell
-    oldest_incomplete_upload: float | None = None  # wall time first seen
 
 
 class RequestCounter:
@@ -449,3 +445,26 @@ def _keep_unchanged(old: Dir | None, new: Dir) -> Dir:
         new.mtime_ns, new.names, new.kinds, new.sizes, new.mtimes, subdirs, new.contents, None,
         new.stat_at, new.stamps,
     )  # fmt: skip
+
+
+def check_listing(checks: Sequence[Check], tree: Dir | None) -> Verdict:
+    """The structural checks of a generation kept in object storage, as far as the listing's
+    sizes take them: each checked path is listed, and a checked file is not empty. What needs
+    the files' contents (DCP metadata against its shards, zip trailers, safetensors headers,
+    checksums) is not run yet, and the verdict says so."""
+    if tree is None:
+        return Verdict(False, None, "not checked: no listing", unchecked=True)
+    for check in checks:
+        parent, _, name = check.path.rpartition("/")
+        directory = tree.directory_of(parent) if parent else tree
+        is_dir = directory is not None and name in directory.subdirs
+        if check.path in ("", ".") or is_dir:
+            continue
+        listed = directory.file(name) if directory is not None else None
+        if listed is None:
+            return Verdict(False, MISSING_SHARD, f"{check.path} is not in the listing")
+        if listed[0] == 0:
+            return Verdict(False, TRUNCATED_SHARD, f"{check.path} is an empty object")
+    kinds = sorted({check.kind for check in checks})
+    detail = f"object storage: listed sizes only, content checks not run ({', '.join(kinds)})"
+    return Verdict(True, detail=detail if kinds else "")

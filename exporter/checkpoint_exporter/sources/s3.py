@@ -16,6 +16,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from checkpoint_exporter.sources.listing import OpsBudget
 from checkpoint_exporter.sources.objects import (
     GET,
     HEAD,
@@ -23,11 +24,14 @@ from checkpoint_exporter.sources.objects import (
     LIST_PARTS,
     LIST_UPLOADS,
     ObjectInfo,
+    ObjectStore,
+    ObjectTreeReader,
     Page,
     RequestCounter,
     StoreError,
     Upload,
 )
+from checkpoint_exporter.storage_url import ObjectURL
 
 # botocore's operation names -> the metric's operation label.
 _OPERATIONS = {
@@ -179,3 +183,45 @@ class S3Store:
                 return None
             raise
         return sum(int(part.get("Size", 0)) for part in answer.get("Parts", ()))
+
+
+class _Refused:
+    """A store that could not be made (plain HTTP refused, botocore missing): every request
+    fails with the reason, so the job reports it on every read like any other store error."""
+
+    def __init__(self, error: StoreError) -> None:
+        self.error = error
+
+    def list_page(self, prefix: str, delimiter: str | None, token: str | None) -> Page:
+        raise self.error
+
+    def get_range(self, key: str, length: int) -> bytes:
+        raise self.error
+
+    def list_uploads(
+        self, prefix: str, marker: tuple[str, str] | None
+    ) -> tuple[tuple[Upload, ...], tuple[str, str] | None]:
+        raise self.error
+
+    def uploaded_bytes(self, upload: Upload) -> int | None:
+        raise self.error
+
+
+def open_reader(
+    url: ObjectURL, options: Mapping[str, Any], budget: OpsBudget, **reader: Any
+) -> ObjectTreeReader:
+    """The tree reader of an ``s3://`` tier (on its worker: making a client reads files)."""
+    counter = RequestCounter()
+    store: ObjectStore
+    if not available():
+        store = _Refused(
+            StoreError(
+                LIST, "not_installed", "botocore is missing: install checkpoint-exporter[s3]"
+            )
+        )
+    else:
+        try:
+            store = S3Store(url.bucket, options, counter)
+        except StoreError as error:
+            store = _Refused(error)
+    return ObjectTreeReader(url, store, counter, budget, **reader)
