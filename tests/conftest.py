@@ -155,8 +155,9 @@ class Exporter:
 
 
 # What a fixture needs, marked where the fixture is asked for rather than by hand on each test:
-# a test that starts the exporter is a `daemon` test wherever it lives.
-FIXTURE_MARKERS = {"exporter": "daemon"}
+# a test that starts the exporter is a `daemon` test wherever it lives, one that has PyTorch
+# write a real checkpoint first a `torch` test.
+FIXTURE_MARKERS = {"exporter": "daemon", "real_checkpoint": "torch", "real_save": "torch"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -30,6 +30,7 @@ def test_generated_files_are_current() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.slow
 def test_generate_check_detects_a_stale_file(tmp_path: Path) -> None:
     shutil.copytree(REPO / "docs", tmp_path / "docs")
     doc = tmp_path / "docs" / "metrics.md"

@@ -61,6 +61,12 @@ def test_a_save_that_stops_is_aborted_at_the_tick_it_asked_for() -> None:
     late = tracker.apply(Tick(effects.next_due))
     assert late.changed and not late.saves_in_progress and late.next_due is None
     assert tracker.state().saves_aborted == 1
+    for later in (1.0, 2.0, 3.0):  # reads and ticks after it: counted once, not on every one
+        now = effects.next_due + later
+        again = tracker.apply(TierRead(DURABLE, [found("s", WRITING, T + 1)], now))
+        assert not again.saves_in_progress
+        tracker.apply(Tick(now + 0.5))
+    assert tracker.state().saves_aborted == 1
 
 
 def test_spool_events_are_settled_by_the_tick_they_ask_for() -> None:

@@ -9,6 +9,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from checkpoint_exporter.core.drain import drain_state
 from checkpoint_exporter.model import COMMITTED, DURABLE, STAGING, WRITING, Generation
 from tests.conftest import Exporter, sample, wait_for, write_config
@@ -37,6 +39,7 @@ def test_the_matching_rule() -> None:
     assert drain_state([], durable).oldest_undrained_commit == 0.0
 
 
+@pytest.mark.slow
 def test_a_real_two_tier_copy(tmp_path: Path) -> None:
     staging, durable, scratch = tmp_path / "nvme", tmp_path / "filer", tmp_path / "scratch"
     for directory in (staging, durable, scratch):

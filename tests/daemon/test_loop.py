@@ -4,6 +4,7 @@ ordering rules the daemon keeps between its inputs."""
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -14,12 +15,13 @@ from checkpoint_exporter.config import Config, JobConfig, Policy
 from checkpoint_exporter.core.inputs import SpoolEvents
 from checkpoint_exporter.core.jobs import Tracker
 from checkpoint_exporter.core.tracker import ValidationRequest
-from checkpoint_exporter.daemon.scanner import Scanner
+from checkpoint_exporter.daemon.scanner import SPOOL_POLL_SECONDS, Scanner
 from checkpoint_exporter.daemon.timers import JobDue
 from checkpoint_exporter.daemon.validator import RETRY_UNCHECKED_SECONDS
 from checkpoint_exporter.daemon.workers import InlineWorker
 from checkpoint_exporter.events import Event
 from checkpoint_exporter.model import JobState, Verdict
+from tests.helpers.trees import dcp_generation
 
 
 @dataclass
@@ -192,3 +194,64 @@ def test_a_placement_that_raises_is_placed_again_after_a_pause(
     assert len(calls) == 2 and tier.reader is not None
     assert dict(loop.tracker.snapshot.daemon.worker_task_failures) == {tier.worker: 1}
     assert scanner.readiness() is None
+
+
+def test_a_polled_tier_is_read_at_its_poll_interval(tmp_path: Path) -> None:
+    """A tier no watcher follows (a network filesystem, ``watch: poll``) sees a new generation
+    at its next poll: not before its poll_interval, and at the turn it comes due."""
+    job = tmp_path / "job"
+    job.mkdir()
+    policy = Policy(layout="dcp", watch="poll", poll_interval=2.0)
+    config = Config(spool=tmp_path / "spool", jobs=(JobConfig("j", job, None, policy),))
+    tracker = Tracker(config)
+    clocks = Clocks(wall=time.time())
+    scanner = Scanner(
+        config, tracker, watcher_factory=None, clock=lambda: clocks.wall,
+        monotonic=lambda: clocks.mono, worker_factory=InlineWorker,
+    )  # fmt: skip
+
+    def seen() -> bool:
+        (state,) = tracker.snapshot.jobs
+        return any(g.id == "step-5" for g in state.generations)
+
+    scanner.turn()
+    scanner.turn()  # the first read applied: the tier's next poll is due poll_interval later
+    polled_at = clocks.mono
+    dcp_generation(job / "step-5")  # no watch event: only a poll finds it
+    while clocks.mono + 0.25 < polled_at + policy.poll_interval:
+        clocks.advance(0.25)
+        scanner.turn()
+        assert not seen()  # not read before its interval
+    clocks.advance(0.5)  # past the interval (on the poll's 0.25 s grid)
+    for _ in range(3):  # sent, applied (and held for the full read of a commit), read again
+        scanner.turn()
+    assert seen()
+
+
+def test_a_spool_training_jobs_cannot_write_stays_reported_until_it_is_fixed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kubelet's 0755 spool is unwritable at every check, however many pass; 1733 is
+    writable from the next check on."""
+    loop = _loop(tmp_path)
+    spool = loop.scanner.config.spool
+    spool.mkdir(mode=0o755)
+    os.chmod(spool, 0o755)
+    checks: list[float] = []
+    check = loop.scanner._check_spool
+    monkeypatch.setattr(loop.scanner, "_check_spool", lambda: (checks.append(0.0), check()))
+
+    def writable() -> bool | None:
+        return loop.tracker.snapshot.daemon.spool_writable
+
+    loop.scanner.turn()
+    assert len(checks) == 1 and writable() is False
+    while len(checks) < 4:  # three checks more, on the loop's own cadence
+        loop.clocks.advance(SPOOL_POLL_SECONDS)
+        loop.scanner.turn()
+        assert writable() is False
+    os.chmod(spool, 0o1733)
+    while len(checks) < 5:
+        loop.clocks.advance(SPOOL_POLL_SECONDS)
+        loop.scanner.turn()
+    assert writable() is True

@@ -101,10 +101,14 @@ def test_discovery_watches_the_newest_runs_and_empty_directories_take_no_slot(
     assert sample(text, "checkpoint_job_info", training_job="older") is None
     assert sample(text, "checkpoint_last_committed_step", training_job="old") == 1
     assert any("job older (idle since" in line for line in served.drain_log())
-    time.sleep(3)  # three listings: "older" stays out, "old" stays in
-    text = served.metrics()
-    assert sample(text, "checkpoint_job_info", training_job="older") is None
-    assert sample(text, "checkpoint_last_committed_step", training_job="old") == 1
+    for listing in range(1, 4):  # three listings: "older" stays out, "old" stays in
+        # A run idler still than "older" is one more in excess: seen, its listing has run.
+        dcp_generation(root / f"oldest-{listing}" / "step-1")
+        age(root / f"oldest-{listing}", (3 + listing) * DAY)
+        wait_for(lambda n=listing: served.value(excess, root=str(root)) == 1 + n)
+        text = served.metrics()
+        assert sample(text, "checkpoint_job_info", training_job="older") is None
+        assert sample(text, "checkpoint_last_committed_step", training_job="old") == 1
 
 
 def test_a_gone_run_kept_until_forget_after_makes_room_too(tmp_path: Path, exporter) -> None:
@@ -137,7 +141,7 @@ def test_the_spool_is_reported_unwritable_until_training_jobs_can_write_it(
     wait_for(lambda: served.value("checkpoint_exporter_spool_writable") == 0)
     spool.mkdir(mode=0o755)  # what the kubelet makes of a hostPath DirectoryOrCreate
     os.chmod(spool, 0o755)
-    time.sleep(2.5)
+    # Still unwritable at every check after this one: test_loop.py's, check by check.
     assert served.value("checkpoint_exporter_spool_writable") == 0
     os.chmod(spool, 0o1733)
     wait_for(lambda: served.value("checkpoint_exporter_spool_writable") == 1, 10)

@@ -53,8 +53,8 @@ def test_sighup_reloads_the_configuration(tmp_path: Path, exporter) -> None:
     wait_for(lambda: served.value("checkpoint_job_info", training_job="b") is None)
     assert served.value("checkpoint_saves_committed_total", training_job="a") == 2
     assert served.process.poll() is None
-    code, took = served.stop()
-    assert code == 0 and took < 2
+    code, _ = served.stop()  # a hung exit fails in stop(): its wait has a timeout
+    assert code == 0
 
 
 def test_a_reload_changing_a_job_takes_effect(tmp_path: Path, exporter) -> None:

@@ -283,16 +283,15 @@ jobs:
   - {{name: local, path: {local}, layout: dcp}}
   - {{name: shared, path: {hung}, scope: shared}}
 """)  # fmt: skip
-        started = time.monotonic()
+        # A config check that stat-ed the hung path would log "did not answer" (asserted below).
         served = exporter("--config.file", str(config), "--scope=node")
-        assert time.monotonic() - started < 5  # the config check alone waits 5 s on a hung path
         text = served.metrics()
         assert sample(text, "checkpoint_last_committed_step", training_job="local") == 1
         assert sample(text, "checkpoint_exporter_mount_stuck", mountpoint=str(hung)) is None
         assert sample(text, "checkpoint_filesystem_size_bytes", mountpoint=str(hung)) is None
         assert "did not answer" not in "".join(served.drain_log())
-        code, took = served.stop()
-        assert code == 0 and took < 2
+        code, _ = served.stop()  # a hung exit fails in stop(): its wait has a timeout
+        assert code == 0
 
 
 @pytest.mark.root
@@ -321,8 +320,8 @@ discover: [{{root: {hung}, scope: shared, poll_interval: 1s}}]
         text = served.metrics()
         assert sample(text, "checkpoint_exporter_mount_stuck", mountpoint=str(hung)) is None
         assert "cannot list discover root" not in "".join(served.drain_log())
-        code, took = served.stop()
-        assert code == 0 and took < 2
+        code, _ = served.stop()  # a hung exit fails in stop(): its wait has a timeout
+        assert code == 0
 
 
 def test_shards_split_the_shared_jobs_disjointly_and_completely(tmp_path: Path, exporter) -> None:

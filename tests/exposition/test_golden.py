@@ -171,6 +171,7 @@ def test_normalising_replaces_the_versions_and_durations_only() -> None:
     assert len(durations) <= len(REGISTRY)  # a duration that happened to be 0.0 is unchanged
 
 
+@pytest.mark.slow
 def test_generate_check_reports_a_stale_golden_file_and_generate_mends_it(tmp_path: Path) -> None:
     """`generate --check` (the suite's test_generated_files_are_current) names a stale golden file
     with its diff; `make generate` rewrites it."""

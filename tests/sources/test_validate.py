@@ -37,8 +37,8 @@ torch.save({"w": torch.randn(256)}, root + "/model_states.pt")
 
 
 @pytest.fixture(scope="module")
-def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("saved")
+def real_save(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("real_save")
     subprocess.run([sys.executable, "-c", WRITE, str(root)], check=True, timeout=300)
     return root
 
@@ -58,27 +58,27 @@ def listed(root: Path) -> Dir:
     return listing
 
 
-def test_real_dcp_save_is_valid(saved: Path) -> None:
-    assert validate(str(saved / "dcp"), [DCP_ROOT], tree=listed(saved / "dcp")).valid
+def test_real_dcp_save_is_valid(real_save: Path) -> None:
+    assert validate(str(real_save / "dcp"), [DCP_ROOT], tree=listed(real_save / "dcp")).valid
 
 
-def test_truncated_and_deleted_shards(saved: Path, tmp_path: Path) -> None:
-    truncated = copy(saved / "dcp", tmp_path / "truncated")
+def test_truncated_and_deleted_shards(real_save: Path, tmp_path: Path) -> None:
+    truncated = copy(real_save / "dcp", tmp_path / "truncated")
     shard = truncated / "__0_0.distcp"
     os.truncate(shard, shard.stat().st_size - 100)
     verdict = validate(str(truncated), [DCP_ROOT], tree=listed(truncated))
     assert (verdict.valid, verdict.reason) == (False, "truncated_shard")
     assert "__0_0.distcp" in verdict.detail
-    deleted = copy(saved / "dcp", tmp_path / "deleted")
+    deleted = copy(real_save / "dcp", tmp_path / "deleted")
     (deleted / "__0_0.distcp").unlink()
     verdict = validate(str(deleted), [DCP_ROOT], tree=listed(deleted))
     assert (verdict.valid, verdict.reason) == (False, "missing_shard")
 
 
 def test_stale_listing_is_confirmed_before_calling_a_shard_truncated(
-    saved: Path, tmp_path: Path
+    real_save: Path, tmp_path: Path
 ) -> None:
-    growing = copy(saved / "dcp", tmp_path / "growing")
+    growing = copy(real_save / "dcp", tmp_path / "growing")
     shard = growing / "__0_0.distcp"
     full = shard.read_bytes()
     shard.write_bytes(full[:10])
@@ -87,17 +87,17 @@ def test_stale_listing_is_confirmed_before_calling_a_shard_truncated(
     assert validate(str(growing), [DCP_ROOT], tree=listing).valid
 
 
-def test_corrupt_metadata_is_bad_metadata(saved: Path, tmp_path: Path) -> None:
-    broken = copy(saved / "dcp", tmp_path / "broken")
+def test_corrupt_metadata_is_bad_metadata(real_save: Path, tmp_path: Path) -> None:
+    broken = copy(real_save / "dcp", tmp_path / "broken")
     (broken / ".metadata").write_bytes(b"\x80\x04garbage")
     verdict = validate(str(broken), [DCP_ROOT], tree=listed(broken))
     assert (verdict.valid, verdict.reason) == (False, "bad_metadata")
 
 
-def test_torch_save_zip_trailer(saved: Path, tmp_path: Path) -> None:
-    good = copy(saved / "model_states.pt", tmp_path / "good.pt")
+def test_torch_save_zip_trailer(real_save: Path, tmp_path: Path) -> None:
+    good = copy(real_save / "model_states.pt", tmp_path / "good.pt")
     assert validate(str(tmp_path), [Check(ZIP, "good.pt")]).valid
-    cut = copy(saved / "model_states.pt", tmp_path / "cut.pt")
+    cut = copy(real_save / "model_states.pt", tmp_path / "cut.pt")
     os.truncate(cut, good.stat().st_size - 30)
     verdict = validate(str(tmp_path), [Check(ZIP, "cut.pt")])
     assert (verdict.valid, verdict.reason) == (False, "bad_zip")
