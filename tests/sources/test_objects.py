@@ -86,11 +86,40 @@ def test_an_idle_poll_lists_once_and_hands_on_the_same_tree(server: MotoServer, 
     first, _ = reader.read()
     assert requests_of(reader) == {"list": 6, "list_uploads": 1}  # the root, then each one
     again, _ = reader.read()
-    assert again is first  # sealed generations are not listed again
-    assert requests_of(reader) == {"list": 7, "list_uploads": 2}
+    assert again is first  # each listed once more: the same listing, now sealed
+    assert requests_of(reader) == {"list": 12, "list_uploads": 2}
+    idle, _ = reader.read()
+    assert idle is first  # sealed generations are not listed again
+    assert requests_of(reader) == {"list": 13, "list_uploads": 3}
     everything, _ = reader.read(force=True)
-    assert requests_of(reader)["list"] == 13  # a full read lists every generation
+    assert requests_of(reader)["list"] == 19  # a full read lists every generation
     assert everything is first  # and finds it unchanged
+
+
+def test_a_commit_by_copy_and_delete_is_read_once_settled(server: MotoServer, bucket: str):
+    """DCP through s3fs renames ``.metadata.tmp`` to ``.metadata`` as S3 can: a COPY, then a
+    DELETE. A listing between the two shows both; the generation is listed again until a
+    listing repeats the one before, so the temporary object does not stay in the tree."""
+    client = server.client()
+    put(server, bucket, "job/step-1/__0_0.distcp", 100)
+    put(server, bucket, "job/step-1/.metadata.tmp", 7)
+    client.copy_object(
+        Bucket=bucket, Key="job/step-1/.metadata",
+        CopySource={"Bucket": bucket, "Key": "job/step-1/.metadata.tmp"},
+    )  # fmt: skip
+    reader = reader_of(f"s3://{bucket}/job")
+    tree, _ = reader.read()  # between the COPY and the DELETE
+    assert tree.subdirs["step-1"].has_file(".metadata.tmp")
+    client.delete_object(Bucket=bucket, Key="job/step-1/.metadata.tmp")
+    tree, _ = reader.read()
+    assert not tree.subdirs["step-1"].has_file(".metadata.tmp")
+    assert tree.subdirs["step-1"].totals().bytes == 107
+    lists = requests_of(reader)["list"]
+    again, _ = reader.read()  # the same listing twice: sealed from here on
+    assert again is tree
+    reader.read()
+    # The root and the generation (its listing repeats the last), then the root alone.
+    assert requests_of(reader)["list"] == lists + 3
 
 
 def test_pages_are_followed_and_the_request_budget_bounds_a_read(

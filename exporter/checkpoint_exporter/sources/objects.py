@@ -3,11 +3,14 @@ every layout parses (sources/listing.py), so a writer's commit rules hold whatev
 
 One read lists the prefix with a delimiter (the root's own objects and one prefix per
 generation), then each generation's keys in full (paginated), except a generation already
-*sealed* (a commit marker among its own objects), not hot and not asked for: that one is the
-same ``Dir`` as before, so an idle poll costs one LIST plus one ListMultipartUploads, however
-many generations are kept. Every request is spent from the ``OpsBudget`` shared storage gets,
-and one read makes at most ``max_requests`` of them: a bucket holding millions of keys under the
-prefix is an error of that job, not a daemon busy for an hour.
+*sealed* (a commit marker among its own objects, and its last listing the same as the one
+before), not hot and not asked for: that one is the same ``Dir`` as before, so an idle poll
+costs one LIST plus one ListMultipartUploads, however many generations are kept. A marker alone
+does not seal: a writer's commit may go on after its marker appears (DCP through s3fs renames
+``.metadata.tmp`` as S3 can, a COPY then a DELETE), so the generation is listed until two
+listings agree, which costs one LIST per save. Every request is spent from the ``OpsBudget``
+shared storage gets, and one read makes at most ``max_requests`` of them: a bucket holding
+millions of keys under the prefix is an error of that job, not a daemon busy for an hour.
 
 A save in progress is what the store shows of it: an open multipart upload is a file being
 written, at its key, sized by the parts uploaded so far. Its time is the store's clock in no
@@ -181,6 +184,7 @@ class ObjectTreeReader:
         self._uploads: dict[str, _Seen] = {}  # by key
         self._contents: dict[tuple[str, str, int], bytes] = {}  # (key, etag, size) -> bytes
         self._reported: set[str] = set()
+        self._settled: set[str] = set()  # generations whose last listing repeated the one before
 
     # --- the reader's interface ---------------------------------------------------------------
 
@@ -231,6 +235,7 @@ class ObjectTreeReader:
         objects, generations = self._list(state, prefix, "/")
         old = self.tree
         subdirs: dict[str, Dir] = {}
+        settled: set[str] = set()
         for generation_prefix in generations:
             name = generation_prefix[len(prefix) :].rstrip("/")
             if not name:
@@ -239,21 +244,27 @@ class ObjectTreeReader:
             uploads = state.uploads_by_generation.pop(name, [])
             if previous is not None and not uploads and self._sealed(name, previous, state):
                 subdirs[name] = previous
+                settled.add(name)
                 continue
             keys, _ = self._list(state, generation_prefix, None)
-            subdirs[name] = self._build(generation_prefix, keys, uploads, state, depth=1)
+            listed = self._build(generation_prefix, keys, uploads, state, depth=1)
+            if previous is not None and _keep_unchanged(previous, listed) is previous:
+                settled.add(name)
+            subdirs[name] = listed
         # Uploads under a generation that has no object yet (the first shard still uploading).
         for name, uploads in state.uploads_by_generation.items():
             if name:
                 subdirs[name] = self._build(f"{prefix}{name}/", [], uploads, state, depth=1)
         root_uploads = state.uploads_by_generation.get("", [])
         root = self._build(prefix, objects, root_uploads, state, depth=0)
+        self._settled = settled
         return _keep_unchanged(old, _with_subdirs(root, subdirs))
 
     def _sealed(self, name: str, previous: Dir, state: _ReadState) -> bool:
         """A generation listed before that need not be listed again: committed by a marker
-        among its own objects, neither hot nor asked for, and no full read under way."""
-        if state.force or name in state.relist or previous.error:
+        among its own objects, its last two listings alike, neither hot nor asked for, and no
+        full read under way."""
+        if state.force or name in state.relist or previous.error or name not in self._settled:
             return False
         return any(previous.has_file(marker) for marker in self.marker_names)
 
