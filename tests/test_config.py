@@ -572,7 +572,7 @@ SECTION_KEYS = {
         "backlog_seconds", "gpu_share", "gpu_baseline", "telemetry_grace",
     ),
 }  # fmt: skip
-JOB_KEYS = ("name", "path", "staging", *POLICY_KEYS)
+JOB_KEYS = ("name", "path", "staging", *POLICY_KEYS, "storage_options")
 DISCOVER_KEYS = ("root", "max_jobs", "forget_after", *POLICY_KEYS)
 TOP_KEYS = (*SECTION_KEYS, "spool", "spool_retention", "jobs", "discover")
 
@@ -730,7 +730,9 @@ def test_each_mapping_accepts_and_prints_the_keys_its_dataclass_declares(mapping
     declared = [f.name for f in dataclasses.fields(cls) if config_module._KEY in f.metadata]
     table = [f.key for f in key_fields(cls, path=Path)]
     if cls in (JobConfig, DiscoverConfig):  # a job's policy keys sit in its own mapping
-        declared = [name for name in declared if name != "policy"] + list(POLICY_KEYS)
+        declared = [
+            key for name in declared for key in (POLICY_KEYS if name == "policy" else (name,))
+        ]
     assert table == declared
     instance = cls(**{f.key: Path("/x") for f in key_fields(cls, Path) if f.required})
     assert list(dumped(instance)) == table

@@ -47,6 +47,12 @@ from checkpoint_exporter.schema import (
 from checkpoint_exporter.schema import YamlDocument as YamlDocument
 from checkpoint_exporter.schema import did_you_mean as did_you_mean
 from checkpoint_exporter.schema import read_yaml_file as read_yaml_file
+from checkpoint_exporter.storage_url import (
+    FUTURE_SCHEMES,
+    is_object_url,
+    parse_object_url,
+    scheme_of,
+)
 from checkpoint_exporter.units import format_duration
 
 log = logging.getLogger(__name__)
@@ -173,6 +179,76 @@ def _path_parser(base_dir: Path) -> Parser:
         return path if path.is_absolute() else base_dir / path
 
     return parse
+
+
+# Object URLs are polled, and every poll is billed: a slower default than a filesystem's.
+OBJECT_POLL_INTERVAL = 30.0
+# What a job's ``storage_options:`` may say: where and how to connect, never who it is. Secrets
+# come only from the standard environment (or a file it names), so the file can be shared.
+STORAGE_OPTIONS = {
+    "endpoint_url": text,
+    "region": text,
+    "allow_http": boolean,
+    "addressing_style": choice(("auto", "path", "virtual")),
+}
+_SECRET_LIKE = re.compile(
+    r"secret|passw|token|credential|access_key|key_id|private|sas|connection_string|account_key",
+    re.IGNORECASE,
+)
+
+
+def _object_or_path(path: Parser) -> Parser:
+    """A job's ``path`` or ``staging``: an object URL (kept as its normalized text), or a path."""
+
+    def parse(value: object) -> Path | str:
+        candidate = text(value)
+        scheme = scheme_of(candidate)
+        if scheme in FUTURE_SCHEMES:
+            raise ValueError(
+                f"{candidate}: {scheme}:// is not supported yet (only s3:// object storage is)"
+            )
+        if scheme is not None:
+            return str(parse_object_url(candidate))
+        return path(value)
+
+    return parse
+
+
+def _no_object_url(path: Parser) -> Parser:
+    """A discover root: a directory (object-store roots are not supported yet)."""
+
+    def parse(value: object) -> Path:
+        if is_object_url(text(value)):
+            raise ValueError(f"{text(value)}: object-store discover roots are not supported yet")
+        return path(value)
+
+    return parse
+
+
+def _storage_options(value: object) -> tuple[tuple[str, object], ...]:
+    """How to reach a job's object store; a key that looks like a secret is refused."""
+    if not isinstance(value, dict):
+        raise ValueError(f"expected a mapping, got {type_name(value)}")
+    options: list[tuple[str, object]] = []
+    for key, option in value.items():
+        name = str(key)
+        if _SECRET_LIKE.search(name):
+            raise ValueError(
+                f"{name} looks like a secret: credentials come only from the environment "
+                "(AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_PROFILE, web identity), "
+                "never from this file"
+            )
+        parse = STORAGE_OPTIONS.get(name)
+        if parse is None:
+            raise ValueError(
+                f"unknown storage option {name!r}{did_you_mean(name, STORAGE_OPTIONS)}; "
+                f"expected one of {', '.join(STORAGE_OPTIONS)}"
+            )
+        try:
+            options.append((name, parse(option)))
+        except ValueError as error:
+            raise ValueError(f"{name}: {error}") from None
+    return tuple(options)
 
 
 def _optional(parse: Parser) -> Parser:
@@ -395,6 +471,10 @@ class JobConfig:
     path: Path = field(metadata=_path(required=True))
     staging: Path | None = field(default=None, metadata=_path(optional=True))
     policy: Policy = field(default_factory=Policy, metadata=_inline(Policy))
+    # An object URL's connection (README, "Object storage"); no secrets.
+    storage_options: tuple[tuple[str, object], ...] = field(
+        default=(), metadata=_key(_storage_options, dump=dict)
+    )
 
 
 @dataclass(frozen=True)
@@ -746,7 +826,7 @@ def _parse(
         diagnosis=DiagnosisThresholds(
             **problems.check(top.get("diagnosis"), ("diagnosis",), DIAGNOSIS_FIELDS)
         ),
-        jobs=_jobs(problems, notes, top.get("jobs"), path, defaults, serving),
+        jobs=_jobs(problems, notes, top.get("jobs"), path, defaults, set(stated), serving),
         discover=_discover(
             problems, notes, top.get("discover"), path, defaults, set(stated), serving
         ),
@@ -770,9 +850,10 @@ def _jobs(
     raw: object,
     path: Parser,
     defaults: Policy,
+    stated_defaults: set[str],
     serving: Serving,
 ) -> tuple[JobConfig, ...]:
-    table = key_fields(JobConfig, path)
+    table = key_fields(JobConfig, _object_or_path(path))
     required = [f.key for f in table if f.required]
     jobs: list[JobConfig] = []
     names: dict[str, int] = {}
@@ -793,17 +874,25 @@ def _jobs(
             directory = values.get(tier_key)
             if directory is None or not _checked(serving, scopes[tier_key], name):
                 continue
-            resolved = _readable_directory(problems, notes, (*at, tier_key), directory, checks)
+            if is_object_url(directory):
+                # Not reached from here: the daemon reports a bucket it cannot list per job.
+                resolved = directory
+            else:
+                resolved = _readable_directory(problems, notes, (*at, tier_key), directory, checks)
             if resolved in watched:
                 problems.add(
                     (*at, tier_key),
                     f"{directory} is already watched as {format_key(watched[resolved])}",
                 )
             watched.setdefault(resolved, (*at, tier_key))
+        objects = [key for key in ("path", "staging") if is_object_url(values.get(key, ""))]
+        if values.get("storage_options") and not objects:
+            problems.add((*at, "storage_options"), "is for object URLs (s3://): path names none")
         if all(key in values for key in required):
-            jobs.append(
-                JobConfig(**_values_of(JobConfig, values), policy=_policy(values, defaults))
-            )
+            policy = _policy(values, defaults)
+            if objects and "poll_interval" not in values and "poll_interval" not in stated_defaults:
+                policy = replace(policy, poll_interval=OBJECT_POLL_INTERVAL)
+            jobs.append(JobConfig(**_values_of(JobConfig, values), policy=policy))
     return tuple(jobs)
 
 
@@ -816,7 +905,7 @@ def _discover(
     stated_defaults: set[str],
     serving: Serving,
 ) -> tuple[DiscoverConfig, ...]:
-    table = key_fields(DiscoverConfig, path)
+    table = key_fields(DiscoverConfig, _no_object_url(path))
     entries: list[DiscoverConfig] = []
     checks = _DirectoryChecks()
     for index, entry in enumerate(_list(problems, raw, "discover")):

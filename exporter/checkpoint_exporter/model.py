@@ -340,6 +340,19 @@ class DaemonState:
     shard_info: tuple[int, int, str] | None = None
     # (mountpoint, tasks of its worker that raised instead of handing back a value: a bug)
     worker_task_failures: tuple[tuple[str, int], ...] = ()
+    # (job, its object-store usage) for each job with a tier in object storage
+    object_stores: tuple[tuple[str, ObjectStoreUsage], ...] = ()
+
+
+@dataclass(frozen=True)
+class ObjectStoreUsage:
+    """One job's object-store requests and open uploads, as of its tiers' last reads."""
+
+    requests: tuple[tuple[str, int], ...] = ()  # (operation, count)
+    errors: tuple[tuple[str, str, int], ...] = ()  # (operation, code, count)
+    incomplete_uploads: int = 0
+    incomplete_upload_bytes: int | None = None  # None: the store did not tell
+    oldest_incomplete_upload: float | None = None  # wall time a listing first saw it
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from checkpoint_exporter.model import (
     DaemonState,
     FilesystemState,
     HistogramState,
+    ObjectStoreUsage,
     Snapshot,
 )
 from tests.conftest import parse_samples
@@ -109,7 +110,9 @@ def test_a_metric_is_born_in_the_module_that_spells_it() -> None:
                            first_scans=(("job-0", DURABLE, True, 5),), mounts=(("/ckpt", False),),
                            scan_success=(("job-0", DURABLE, 1.0),),
                            config_reload_success_time=1.0, shard_info=(0, 2, "shared"),
-                           spool_writable=True),
+                           spool_writable=True,
+                           object_stores=(("job-0", ObjectStoreUsage(
+                               (("list", 3),), (("list", "SlowDown", 1),), 1, 5, 1.0)),)),
         filesystems=(FilesystemState("/ckpt", "dev", "xfs", 10, 5, 0.2),),
     )  # fmt: skip
     for name, entry in REGISTRY.items():

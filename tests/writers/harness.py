@@ -29,7 +29,7 @@ import stat
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -61,7 +61,7 @@ def writer_python(venv: str) -> str:
 class Driver:
     """One driver process in its own process group, its JSON lines on a queue."""
 
-    def __init__(self, name: str, venv: str, root: Path, *args: str, env: dict | None = None):
+    def __init__(self, name: str, venv: str, root: Path | str, *args: str, env: dict | None = None):
         self.name = name
         self.stderr: list[str] = []
         self.process = subprocess.Popen(
@@ -195,6 +195,18 @@ def disk_bytes(path: str | Path) -> int:
     return total
 
 
+@dataclass(frozen=True)
+class Truth:
+    """Where the test reads what the writer left: the disk, or (tests/writers/test_dcp_s3.py)
+    the object store."""
+
+    bytes_of: Callable[[str], int] = disk_bytes
+    exists: Callable[[str], bool] = os.path.lexists
+
+
+DISK = Truth()
+
+
 @dataclass
 class Expected:
     """What the exporter must say about the job; None leaves a figure unchecked."""
@@ -207,7 +219,7 @@ class Expected:
     aborted: int | None = 0
     in_progress: int | None = 0
     layout: str | None = None
-    extra: dict[str, float] = field(default_factory=dict)
+    extra: dict[str, float] = field(default_factory=dict)  # other per-job families' values
 
 
 JOB = "w"
@@ -218,15 +230,18 @@ class Watched:
 
     def __init__(
         self,
-        root: Path,
+        root: Path | str,
         config_dir: Path,
         watch: str = "inotify",
         deadline: str = "10s",
         settle: str = "2s",
         layout: str = "auto",
         extra: str = "",
+        env: dict[str, str] | None = None,
+        truth: Truth = DISK,
     ):
         self.root = root
+        self.truth = truth
         poll = "poll_interval: 1s, " if watch == "poll" else ""
         config = write_config(
             config_dir,
@@ -237,9 +252,9 @@ jobs:
   - {{name: {JOB}, path: {root}, layout: {layout}{extra}}}
 """,
         )
-        self.exporter = Exporter("--config.file", str(config))
+        self.exporter = Exporter("--config.file", str(config), env=env)
 
-    def figures(self) -> dict[str, float | str | None]:
+    def figures(self, extra: Collection[str] = ()) -> dict[str, float | str | None]:
         samples = parse_samples(self.exporter.metrics())
         label = f'training_job="{JOB}"'
 
@@ -267,10 +282,11 @@ jobs:
             "aborted": one("checkpoint_saves_aborted_total"),
             "in_progress": one("checkpoint_saves_in_progress"),
             "layout": layout,
+            **{name: one(name) for name in extra},
         }
 
     def mismatches(self, want: Expected) -> list[str]:
-        got = self.figures()
+        got = self.figures(want.extra)
         wrong = []
         checks: dict[str, object] = {
             "step": want.step,
@@ -280,12 +296,13 @@ jobs:
             "aborted": want.aborted,
             "in_progress": want.in_progress,
             "layout": want.layout,
+            **want.extra,
         }
         for key, value in checks.items():
             if value is not None and got[key] != value:
                 wrong.append(f"{key}: exporter {got[key]!r}, truth {value!r}")
         if want.newest_path is not None:
-            truth = disk_bytes(want.newest_path)
+            truth = self.truth.bytes_of(want.newest_path)
             exported = got["bytes"]
             if exported is None or abs(float(exported) - truth) > 0.01 * truth:
                 wrong.append(f"bytes: exporter {exported!r}, truth {truth} ({want.newest_path})")
@@ -328,10 +345,10 @@ jobs:
         self.exporter.close()
 
 
-def retained(paths: list[str]) -> int:
+def retained(paths: list[str], exists: Callable[[str], bool] = os.path.lexists) -> int:
     """How many of the generations a writer reported are still on disk (its own retention); a
     generation saved again in place counts once."""
-    return sum(1 for path in set(paths) if os.path.lexists(path))
+    return sum(1 for path in set(paths) if exists(path))
 
 
 @dataclass
@@ -359,7 +376,7 @@ class Scenario:
             reported.append(line)
             want = Expected(
                 step=line["step"] if self.steps_known else None,
-                retained=retained([r["path"] for r in reported]),
+                retained=retained([r["path"] for r in reported], self.watched.truth.exists),
                 newest_path=line["path"],
                 committed=count,
                 layout=self.layout,
@@ -370,7 +387,7 @@ class Scenario:
         newest = reported[-1]
         final = Expected(
             step=newest["step"] if self.steps_known else None,
-            retained=retained([r["path"] for r in reported]),
+            retained=retained([r["path"] for r in reported], self.watched.truth.exists),
             newest_path=newest["path"],
             committed=self.saves,
             layout=self.layout,
@@ -381,7 +398,7 @@ class Scenario:
             hung = self.driver.hang()
             self.driver.kill()
             final.aborted = 1
-            final.retained = retained([r["path"] for r in reported])
+            final.retained = retained([r["path"] for r in reported], self.watched.truth.exists)
             self.watched.expect(final, timeout=self.deadline + self.settle + 20)
             aborted = self.watched.log_lines("aborted")
             assert aborted, "an aborted save logs a warning"

@@ -20,7 +20,8 @@ from checkpoint_exporter.daemon.timers import (
     StuckCheck,
 )
 from checkpoint_exporter.daemon.workers import TaskFailed
-from checkpoint_exporter.model import DaemonState, FilesystemState
+from checkpoint_exporter.model import DaemonState, FilesystemState, ObjectStoreUsage
+from checkpoint_exporter.sources.objects import ObjectTreeReader
 from checkpoint_exporter.sources.telemetry.filesystem import (
     ProbeState,
     Statvfs,
@@ -253,11 +254,46 @@ class Health:
             config_reload_successful=reload_ok,
             config_reload_success_time=reload_time,
             worker_task_failures=tuple(sorted(self._task_failures.items())),
+            object_stores=self._object_store_usage(),
         )
         filesystems, available = self._node
         self.tracker.publish(daemon, filesystems, available, changed=self._changed_jobs)
         self._changed_jobs = set()
         self._republish = False
+
+    def _object_store_usage(self) -> tuple[tuple[str, ObjectStoreUsage], ...]:
+        """Each job's object-store requests and open uploads, its tiers' together."""
+        usage = []
+        for name in sorted(self._object_jobs):
+            source = self._sources.get(name)
+            readers = [
+                tier.reader
+                for tier in (source.tiers if source is not None else ())
+                if isinstance(tier.reader, ObjectTreeReader)
+            ]
+            if readers:
+                usage.append((name, combined([reader.usage() for reader in readers])))
+        return tuple(usage)
+
+
+def combined(usages: list[ObjectStoreUsage]) -> ObjectStoreUsage:
+    """One job's usage from its object tiers' (a staging and a durable tier may both be)."""
+    if len(usages) == 1:
+        return usages[0]
+    requests: Counter[str] = Counter()
+    errors: Counter[tuple[str, str]] = Counter()
+    for usage in usages:
+        requests.update(dict(usage.requests))
+        errors.update({(op, code): n for op, code, n in usage.errors})
+    sizes = [usage.incomplete_upload_bytes for usage in usages]
+    oldest = [u.oldest_incomplete_upload for u in usages if u.oldest_incomplete_upload is not None]
+    return ObjectStoreUsage(
+        tuple(sorted(requests.items())),
+        tuple(sorted((op, code, n) for (op, code), n in errors.items())),
+        sum(usage.incomplete_uploads for usage in usages),
+        None if None in sizes else sum(size or 0 for size in sizes),
+        min(oldest, default=None),
+    )
 
 
 def _log_answer(before: ProbeState, answer: Statvfs) -> None:

@@ -11,6 +11,7 @@ from checkpoint_exporter.config import Config
 from checkpoint_exporter.daemon.state import Discovery, Tier
 from checkpoint_exporter.sources import layouts
 from checkpoint_exporter.sources.listing import TreeReader
+from checkpoint_exporter.sources.objects import ObjectTreeReader
 from checkpoint_exporter.sources.telemetry.filesystem import Statvfs
 from checkpoint_exporter.sources.watch import Mount
 
@@ -23,7 +24,7 @@ class Placed:
     mount: Mount | None
     mode: str
     reason: str
-    reader: TreeReader | None  # None: outside this process's scopes, never read
+    reader: TreeReader | ObjectTreeReader | None  # None: outside this process's scopes, never read
     scope: str
 
 

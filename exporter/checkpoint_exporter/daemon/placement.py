@@ -22,7 +22,7 @@ from checkpoint_exporter.daemon.timers import (
 from checkpoint_exporter.daemon.validator import Validator
 from checkpoint_exporter.daemon.workers import MountWorker
 from checkpoint_exporter.model import WatchedPath
-from checkpoint_exporter.sources import layouts
+from checkpoint_exporter.sources import layouts, s3
 from checkpoint_exporter.sources.listing import TreeReader
 from checkpoint_exporter.sources.watch import (
     INOTIFY,
@@ -32,6 +32,7 @@ from checkpoint_exporter.sources.watch import (
     mount_of,
     mount_of_name,
 )
+from checkpoint_exporter.storage_url import is_object_url, parse_object_url
 
 log = logging.getLogger(__name__)
 
@@ -51,14 +52,19 @@ class Placement:
         # A discovered job's directory belongs to a tenant: never followed if it is (or
         # becomes) a symlink. A configured root may be one, as the operator chose.
         follow = None if discovered_from is None else False
+        options = job_config.storage_options if job_config is not None else ()
         tiers = [
             Tier(
                 name,
                 watched.tier,
                 watched.path,
                 follow,
-                self._lexical_mount(watched.path),
+                # An object tier's worker is its store's (endpoint and bucket), not a mount's.
+                s3.store_key(parse_object_url(watched.path).bucket, dict(options))
+                if is_object_url(watched.path)
+                else self._lexical_mount(watched.path),
                 scope=configured_scope(watched.tier, policy),
+                storage_options=options,
             )
             for watched in paths
         ]
@@ -99,6 +105,7 @@ class Placement:
         if effects is not None:  # what its clocks gave up stays counted (spool_dropped)
             self._dropped_by_forgotten.update(dict(effects.events_dropped))
         self._dropping.discard(name)
+        self._object_jobs.discard(name)
         self.tracker.forget(name)
         self._changed_jobs.add(name)
         self._timers.cancel(JobDue(name))
@@ -130,6 +137,8 @@ class Placement:
 
     def _place(self, tier: Tier, policy: Policy) -> Placed:
         """On the tier's worker: its mount, how it is watched, its reader (all may stat it)."""
+        if is_object_url(tier.path):
+            return self._place_object(tier)
         mount = mount_of(tier.path, self._mounts)
         # Shared storage gets the budget whether it is polled or (configured so) watched.
         network = mount is not None and is_network(mount.fstype)
@@ -159,6 +168,22 @@ class Placement:
                 log.warning("job=%s path=%s: %s; polling instead", tier.job, tier.path, failure)
         return Placed(tier, mount, mode, reason, reader, scope)
 
+    def _place_object(self, tier: Tier) -> Placed:
+        """On the store's worker: object storage is shared and polled (no watcher sees it), read
+        under the shared storage's budget."""
+        scope = tier.scope or SHARED
+        if not self.serving.serves(scope, tier.job):
+            return Placed(tier, None, "", "", None, scope)
+        reader = s3.open_reader(
+            parse_object_url(tier.path),
+            dict(tier.storage_options),
+            self._network_budget,
+            content_names=layouts.ALL_CONTENT_FILES,
+            marker_names=layouts.MARKER_NAMES,
+            max_depth=self.config.scan.max_depth,
+        )
+        return Placed(tier, None, POLL, "object storage: polled", reader, scope)
+
     def _placed(self, placed: Placed) -> None:
         tier = placed.tier
         self._unstick(tier.worker)  # its worker answered
@@ -181,6 +206,13 @@ class Placement:
             if tier.mountpoint != tier.worker:  # reached through a symlink to another mount
                 tier.worker = tier.mountpoint
                 self._worker(tier.worker)
+        if is_object_url(tier.path):  # no disk, no mount to probe: its reads say how it is
+            self._object_jobs.add(tier.job)
+            log.info("watching job=%s tier=%s path=%s mode=%s (%s)",
+                     tier.job, tier.tier, tier.path, tier.mode, tier.reason)  # fmt: skip
+            self._publish_paths(source)
+            self._timers.soon(tier.key, self.monotonic())
+            return
         if self.telemetry is not None:
             placement = self.telemetry.place(tier.path, placed.mount)
             tier.disk = placement.block_device.name if placement.block_device else None

@@ -177,6 +177,7 @@ class Scanner(Placement, Discovering, Reads, Health, Validation, SpoolSide, Relo
         self._effects: dict[str, Effects] = {}
         # Jobs whose clocks refused events, and what forgotten jobs' refused (spool_dropped).
         self._dropping: set[str] = set()
+        self._object_jobs: set[str] = set()  # jobs with a tier in object storage (health.py)
         self._dropped_by_forgotten: Counter[str] = Counter()
         self._republish = True
         self._health: tuple[object, ...] | None = None  # ready, first_scans, mounts, scan_success

@@ -10,6 +10,7 @@ from checkpoint_exporter.daemon.timers import ScanDue
 from checkpoint_exporter.model import DURABLE
 from checkpoint_exporter.sources import layouts
 from checkpoint_exporter.sources.listing import TreeReader
+from checkpoint_exporter.sources.objects import ObjectTreeReader
 from checkpoint_exporter.sources.telemetry.filesystem import ProbeState
 
 # A filesystem task (a read, a stat) that completes no metadata operation for this long marks
@@ -39,7 +40,7 @@ class Tier:
     reason: str = ""
     mountpoint: str = ""
     disk: str | None = None  # the block device whose writes count for this path
-    reader: TreeReader | None = None  # made on its worker: the root may hang
+    reader: TreeReader | ObjectTreeReader | None = None  # made on its worker: the root may hang
     # The last listing and what the layout found in it (worker side): an unchanged listing is
     # the same object, so an idle poll neither parses it again nor rebuilds the job's state.
     parsed: tuple[object, list[layouts.Found], str | None] | None = None
@@ -59,6 +60,8 @@ class Tier:
     missing: bool = False  # its last read found no directory there
     place_failed: bool = False  # its placement raised: placed again at retry_at
     unreadable: int = 0  # directories its last read could not read
+    # An object URL's connection (config.JobConfig.storage_options); () for a directory.
+    storage_options: tuple[tuple[str, object], ...] = ()
 
     @property
     def key(self) -> ScanDue:

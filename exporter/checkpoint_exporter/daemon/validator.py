@@ -26,7 +26,9 @@ from checkpoint_exporter.core.tracker import ValidationRequest
 from checkpoint_exporter.model import Check, Verdict
 from checkpoint_exporter.sources import fsread
 from checkpoint_exporter.sources.listing import Dir
+from checkpoint_exporter.sources.objects import check_listing
 from checkpoint_exporter.sources.validate import Limits, validate
+from checkpoint_exporter.storage_url import is_object_url
 
 log = logging.getLogger(__name__)
 
@@ -160,6 +162,10 @@ class Validator:
     def _run(self) -> None:
         while (item := self._requests.get()) is not None and not self._stopping.is_set():
             request, root, follow_root, tree = item
+            if is_object_url(root):
+                # No file to open: the checks the listing's sizes allow, on the latest listing.
+                self._put(request, check_listing(request.found.checks, tree))
+                continue
             target = os.path.join(root, request.generation)
             before = _identity(target)
             started = time.monotonic()

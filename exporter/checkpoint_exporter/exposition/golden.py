@@ -36,6 +36,7 @@ from checkpoint_exporter.model import (
     Generation,
     HistogramState,
     JobState,
+    ObjectStoreUsage,
     RestoreRecord,
     SaveRecord,
     Snapshot,
@@ -336,6 +337,18 @@ def snapshot() -> Snapshot:
         discover_excess=(("/lustre/ckpt", 3),),
         discover_missing=(("/scratch/discover", 1),),
         spool_writable=True,
+        object_stores=(  # a job checkpointing to S3: one killed save's upload left open
+            (
+                "gpt-13b",
+                ObjectStoreUsage(
+                    requests=(("get", 4), ("list", 96), ("list_parts", 3), ("list_uploads", 40)),
+                    errors=(("list", "SlowDown", 2),),
+                    incomplete_uploads=1,
+                    incomplete_upload_bytes=268435456,
+                    oldest_incomplete_upload=NOW - 5400,
+                ),
+            ),
+        ),
         ready=False,  # vit-h's durable tier is still in its first pass (the hung mount)
         first_scans=(
             ("bert-large", DURABLE, True, 4),

@@ -19,6 +19,7 @@ from checkpoint_exporter.exposition.collectors.drain import DrainCollector
 from checkpoint_exporter.exposition.collectors.exporter import DaemonCollector
 from checkpoint_exporter.exposition.collectors.filesystem import FilesystemCollector
 from checkpoint_exporter.exposition.collectors.jobs import JobsCollector
+from checkpoint_exporter.exposition.collectors.objects import ObjectsCollector
 from checkpoint_exporter.exposition.collectors.restores import RestoresCollector
 from checkpoint_exporter.exposition.collectors.symptoms import SymptomsCollector
 from checkpoint_exporter.exposition.collectors.window import (
@@ -58,6 +59,11 @@ REGISTRY: dict[str, CollectorEntry] = {
         FilesystemCollector,
         True,
         "filesystems behind watched paths: size, avail, reserve, statvfs errors",
+    ),
+    ObjectsCollector.name: CollectorEntry(
+        ObjectsCollector,
+        True,
+        "object storage behind watched paths: requests, errors, open multipart uploads",
     ),
     NetworkCollector.name: CollectorEntry(
         NetworkCollector, True, "NIC and InfiniBand traffic during each job's newest save"

@@ -1,0 +1,227 @@
+"""S3 and S3-compatible stores through botocore: the ``ObjectStore`` the object reader lists.
+
+The connection is the standard AWS environment, as every AWS tool reads it (AWS_ENDPOINT_URL,
+AWS_REGION, AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN, AWS_PROFILE, web
+identity, instance roles), plus AWS_ALLOW_HTTP: a plain-HTTP endpoint is refused unless it is
+set (or ``allow_http`` in the job's ``storage_options``), so a typo never sends signed requests
+in the clear. Credentials stay in botocore: nothing here logs or exports them.
+
+Every HTTP request botocore sends (retries included: each is billed) is counted by operation
+through its ``request-created`` event; an answer that is an error is counted by its code.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from checkpoint_exporter.sources.listing import OpsBudget
+from checkpoint_exporter.sources.objects import (
+    GET,
+    HEAD,
+    LIST,
+    LIST_PARTS,
+    LIST_UPLOADS,
+    ObjectInfo,
+    ObjectStore,
+    ObjectTreeReader,
+    Page,
+    RequestCounter,
+    StoreError,
+    Upload,
+)
+from checkpoint_exporter.storage_url import ObjectURL
+
+# botocore's operation names -> the metric's operation label.
+_OPERATIONS = {
+    "ListObjectsV2": LIST,
+    "GetObject": GET,
+    "HeadObject": HEAD,
+    "HeadBucket": HEAD,
+    "ListMultipartUploads": LIST_UPLOADS,
+    "ListParts": LIST_PARTS,
+}
+CONNECT_TIMEOUT_SECONDS = 5.0
+READ_TIMEOUT_SECONDS = 30.0
+MAX_ATTEMPTS = 3  # botocore's standard retry mode backs off between them (throttling too)
+PAGE_KEYS = 1000
+
+
+def available() -> bool:
+    """Whether the s3 extra (botocore) is installed."""
+    try:
+        import botocore  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def endpoint_url(options: Mapping[str, Any], environ: Mapping[str, str] = os.environ) -> str | None:
+    return (
+        options.get("endpoint_url")
+        or environ.get("AWS_ENDPOINT_URL_S3")
+        or environ.get("AWS_ENDPOINT_URL")
+    )
+
+
+def allows_http(options: Mapping[str, Any], environ: Mapping[str, str] = os.environ) -> bool:
+    if "allow_http" in options:
+        return bool(options["allow_http"])
+    return environ.get("AWS_ALLOW_HTTP", "").strip().lower() in ("1", "true", "yes")
+
+
+def store_key(bucket: str, options: Mapping[str, Any]) -> str:
+    """What one worker thread serves: one endpoint and bucket (a slow store holds up only the
+    jobs kept in it)."""
+    return f"s3://{endpoint_url(options) or 'aws'}/{bucket}"
+
+
+class S3Store:
+    """One bucket, one botocore client (thread-safe; used from one worker thread)."""
+
+    def __init__(self, bucket: str, options: Mapping[str, Any], counter: RequestCounter) -> None:
+        import botocore.session
+        from botocore.config import Config as BotoConfig
+
+        endpoint = endpoint_url(options)
+        if endpoint and endpoint.startswith("http://") and not allows_http(options):
+            raise StoreError(
+                LIST, "http_refused",
+                f"{endpoint} is plain HTTP: set AWS_ALLOW_HTTP=true (or allow_http: true in "
+                "storage_options) to allow it",
+            )  # fmt: skip
+        session = botocore.session.get_session()
+        config = BotoConfig(
+            connect_timeout=CONNECT_TIMEOUT_SECONDS,
+            read_timeout=READ_TIMEOUT_SECONDS,
+            retries={"max_attempts": MAX_ATTEMPTS, "mode": "standard"},
+            s3={"addressing_style": options.get("addressing_style", "auto")},
+        )
+        self.bucket = bucket
+        self.counter = counter
+        self._client = session.create_client(
+            "s3",
+            endpoint_url=endpoint,
+            region_name=options.get("region") or os.environ.get("AWS_REGION") or None,
+            config=config,
+        )
+        self._client.meta.events.register("request-created.s3", self._count)
+
+    def _count(self, operation_name: str = "", **_: Any) -> None:
+        self.counter.request(_OPERATIONS.get(operation_name, operation_name.lower()))
+
+    def _call(self, operation: str, method: str, **kwargs: Any) -> dict[str, Any]:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            return getattr(self._client, method)(Bucket=self.bucket, **kwargs)
+        except ClientError as error:
+            details = error.response.get("Error", {})
+            code = str(details.get("Code") or error.response.get("ResponseMetadata", {}).get(
+                "HTTPStatusCode", "error"))  # fmt: skip
+            reason = str(details.get("Message") or code)
+            self.counter.error(operation, code)
+            raise StoreError(operation, code, f"{reason} (bucket {self.bucket})") from None
+        except BotoCoreError as error:
+            # Unreachable endpoint, timeouts, no credentials: the message names no secret.
+            code = "unreachable" if "connect" in type(error).__name__.lower() else type(
+                error).__name__  # fmt: skip
+            self.counter.error(operation, code)
+            raise StoreError(operation, code, str(error)) from None
+
+    def list_page(self, prefix: str, delimiter: str | None, token: str | None) -> Page:
+        kwargs: dict[str, Any] = {"Prefix": prefix, "MaxKeys": PAGE_KEYS}
+        if delimiter:
+            kwargs["Delimiter"] = delimiter
+        if token:
+            kwargs["ContinuationToken"] = token
+        answer = self._call(LIST, "list_objects_v2", **kwargs)
+        objects = tuple(
+            ObjectInfo(
+                item["Key"],
+                int(item.get("Size", 0)),
+                item["LastModified"].timestamp(),
+                str(item.get("ETag", "")),
+            )
+            for item in answer.get("Contents", ())
+        )
+        prefixes = tuple(item["Prefix"] for item in answer.get("CommonPrefixes", ()))
+        more = answer.get("IsTruncated") and answer.get("NextContinuationToken")
+        return Page(objects, prefixes, answer["NextContinuationToken"] if more else None)
+
+    def get_range(self, key: str, length: int) -> bytes:
+        answer = self._call(GET, "get_object", Key=key, Range=f"bytes=0-{max(length, 1) - 1}")
+        body = answer["Body"]
+        try:
+            return bytes(body.read(length))  # never more than asked, whatever the store sends
+        finally:
+            body.close()
+
+    def list_uploads(
+        self, prefix: str, marker: tuple[str, str] | None
+    ) -> tuple[tuple[Upload, ...], tuple[str, str] | None]:
+        kwargs: dict[str, Any] = {"Prefix": prefix, "MaxUploads": PAGE_KEYS}
+        if marker is not None:
+            kwargs["KeyMarker"], kwargs["UploadIdMarker"] = marker
+        answer = self._call(LIST_UPLOADS, "list_multipart_uploads", **kwargs)
+        uploads = tuple(Upload(item["Key"], item["UploadId"]) for item in answer.get("Uploads", ()))
+        if answer.get("IsTruncated"):
+            following = (answer.get("NextKeyMarker", ""), answer.get("NextUploadIdMarker", ""))
+            return uploads, following
+        return uploads, None
+
+    def uploaded_bytes(self, upload: Upload) -> int | None:
+        """Bytes of the parts uploaded so far (the first 1,000 parts)."""
+        try:
+            answer = self._call(
+                LIST_PARTS, "list_parts", Key=upload.key, UploadId=upload.upload_id,
+                MaxParts=PAGE_KEYS,
+            )  # fmt: skip
+        except StoreError as error:
+            if error.code == "NoSuchUpload":  # completed or aborted since it was listed
+                return None
+            raise
+        return sum(int(part.get("Size", 0)) for part in answer.get("Parts", ()))
+
+
+class _Refused:
+    """A store that could not be made (plain HTTP refused, botocore missing): every request
+    fails with the reason, so the job reports it on every read like any other store error."""
+
+    def __init__(self, error: StoreError) -> None:
+        self.error = error
+
+    def list_page(self, prefix: str, delimiter: str | None, token: str | None) -> Page:
+        raise self.error
+
+    def get_range(self, key: str, length: int) -> bytes:
+        raise self.error
+
+    def list_uploads(
+        self, prefix: str, marker: tuple[str, str] | None
+    ) -> tuple[tuple[Upload, ...], tuple[str, str] | None]:
+        raise self.error
+
+    def uploaded_bytes(self, upload: Upload) -> int | None:
+        raise self.error
+
+
+def open_reader(
+    url: ObjectURL, options: Mapping[str, Any], budget: OpsBudget, **reader: Any
+) -> ObjectTreeReader:
+    """The tree reader of an ``s3://`` tier (on its worker: making a client reads files)."""
+    counter = RequestCounter()
+    store: ObjectStore
+    if not available():
+        store = _Refused(
+            StoreError(
+                LIST, "not_installed", "botocore is missing: install checkpoint-exporter[s3]"
+            )
+        )
+    else:
+        try:
+            store = S3Store(url.bucket, options, counter)
+        except StoreError as error:
+            store = _Refused(error)
+    return ObjectTreeReader(url, store, counter, budget, **reader)

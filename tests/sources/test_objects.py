@@ -1,0 +1,230 @@
+"""The object tree reader against moto's S3 server: listings become the layouts' ``Dir`` records,
+open multipart uploads are files being written, deletions are gone, errors stay the job's."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from unittest import mock
+
+import pytest
+
+from checkpoint_exporter.model import COMMITTED, WRITING
+from checkpoint_exporter.sources import layouts
+from checkpoint_exporter.sources.layouts.base import Options
+from checkpoint_exporter.sources.listing import FILE, OpsBudget
+from checkpoint_exporter.sources.objects import ObjectTreeReader, RequestCounter
+from checkpoint_exporter.storage_url import parse_object_url
+from tests.helpers.moto_s3 import MotoServer, moto_server
+
+pytest.importorskip("botocore")
+from checkpoint_exporter.sources import s3
+from checkpoint_exporter.sources.s3 import S3Store
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[MotoServer]:
+    with moto_server() as running, mock.patch.dict(os.environ, running.env()):
+        yield running
+
+
+@pytest.fixture
+def bucket(server: MotoServer, request: pytest.FixtureRequest) -> str:
+    name = request.node.name.replace("_", "-")[:50].lower()
+    server.client().create_bucket(Bucket=name)
+    return name
+
+
+class Clock:
+    def __init__(self, now: float = 1_800_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def reader_of(url: str, clock: Clock | None = None, **kw: object) -> ObjectTreeReader:
+    parsed = parse_object_url(url)
+    counter = RequestCounter()
+    store = S3Store(parsed.bucket, {}, counter)
+    return ObjectTreeReader(
+        parsed, store, counter, OpsBudget(), layouts.ALL_CONTENT_FILES,
+        marker_names=layouts.MARKER_NAMES, clock=clock or Clock(), **kw,  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
+def put(server: MotoServer, bucket: str, key: str, size: int) -> None:
+    server.client().put_object(Bucket=bucket, Key=key, Body=b"x" * size)
+
+
+def requests_of(reader: ObjectTreeReader) -> dict[str, int]:
+    return dict(reader.usage().requests)
+
+
+def test_a_listing_becomes_the_dir_records_the_layouts_parse(server: MotoServer, bucket: str):
+    for step in (10, 20):
+        put(server, bucket, f"job/step-{step}/__0_0.distcp", 100)
+        put(server, bucket, f"job/step-{step}/.metadata", 7)
+    put(server, bucket, "job/step-30/__0_0.distcp", 50)  # no .metadata: a save in progress
+    put(server, bucket, "other/step-1/.metadata", 1)  # another prefix: not this job's
+    tree, stats = reader_of(f"s3://{bucket}/job").read()
+    assert stats.errors == []
+    assert sorted(name for name, _ in tree.dirs()) == ["step-10", "step-20", "step-30"]
+    assert tree.subdirs["step-10"].file("__0_0.distcp")[0] == 100
+    assert tree.totals().bytes == 2 * 107 + 50
+    name, found = layouts.identify(tree, Options())
+    assert name == "dcp"
+    states = {item.id: item.state for item in found}
+    assert states == {"step-10": COMMITTED, "step-20": COMMITTED, "step-30": WRITING}
+
+
+def test_an_idle_poll_lists_once_and_hands_on_the_same_tree(server: MotoServer, bucket: str):
+    for step in range(5):
+        put(server, bucket, f"job/step-{step}/__0_0.distcp", 10)
+        put(server, bucket, f"job/step-{step}/.metadata", 1)
+    reader = reader_of(f"s3://{bucket}/job/")
+    first, _ = reader.read()
+    assert requests_of(reader) == {"list": 6, "list_uploads": 1}  # the root, then each one
+    again, _ = reader.read()
+    assert again is first  # each listed once more: the same listing, now sealed
+    assert requests_of(reader) == {"list": 12, "list_uploads": 2}
+    idle, _ = reader.read()
+    assert idle is first  # sealed generations are not listed again
+    assert requests_of(reader) == {"list": 13, "list_uploads": 3}
+    everything, _ = reader.read(force=True)
+    assert requests_of(reader)["list"] == 19  # a full read lists every generation
+    assert everything is first  # and finds it unchanged
+
+
+def test_a_commit_by_copy_and_delete_is_read_once_settled(server: MotoServer, bucket: str):
+    """DCP through s3fs renames ``.metadata.tmp`` to ``.metadata`` as S3 can: a COPY, then a
+    DELETE. A listing between the two shows both; the generation is listed again until a
+    listing repeats the one before, so the temporary object does not stay in the tree."""
+    client = server.client()
+    put(server, bucket, "job/step-1/__0_0.distcp", 100)
+    put(server, bucket, "job/step-1/.metadata.tmp", 7)
+    client.copy_object(
+        Bucket=bucket, Key="job/step-1/.metadata",
+        CopySource={"Bucket": bucket, "Key": "job/step-1/.metadata.tmp"},
+    )  # fmt: skip
+    reader = reader_of(f"s3://{bucket}/job")
+    tree, _ = reader.read()  # between the COPY and the DELETE
+    assert tree.subdirs["step-1"].has_file(".metadata.tmp")
+    client.delete_object(Bucket=bucket, Key="job/step-1/.metadata.tmp")
+    tree, _ = reader.read()
+    assert not tree.subdirs["step-1"].has_file(".metadata.tmp")
+    assert tree.subdirs["step-1"].totals().bytes == 107
+    lists = requests_of(reader)["list"]
+    again, _ = reader.read()  # the same listing twice: sealed from here on
+    assert again is tree
+    reader.read()
+    # The root and the generation (its listing repeats the last), then the root alone.
+    assert requests_of(reader)["list"] == lists + 3
+
+
+def test_pages_are_followed_and_the_request_budget_bounds_a_read(
+    server: MotoServer, bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = server.client()
+    for index in range(25):  # three pages of 10 keys
+        client.put_object(Bucket=bucket, Key=f"job/step-1/__{index}_0.distcp", Body=b"")
+    monkeypatch.setattr(s3, "PAGE_KEYS", 10)
+    reader = reader_of(f"s3://{bucket}/job")
+    tree, stats = reader.read()
+    assert tree.subdirs["step-1"].totals().files == 25
+    assert requests_of(reader) == {"list": 4, "list_uploads": 1}
+    starved = reader_of(f"s3://{bucket}/job", max_requests=3)
+    tree, stats = starved.read()
+    assert tree is None
+    assert "more than 3 requests" in stats.errors[0][1]
+
+
+def test_an_open_multipart_upload_is_a_file_being_written(server: MotoServer, bucket: str):
+    client = server.client()
+    put(server, bucket, "job/step-1/__0_0.distcp", 10)
+    put(server, bucket, "job/step-1/.metadata", 1)
+    clock = Clock()
+    reader = reader_of(f"s3://{bucket}/job", clock)
+    reader.read()
+    upload = client.create_multipart_upload(Bucket=bucket, Key="job/step-2/__0_0.distcp")
+    clock.now += 30
+    tree, _ = reader.read()
+    shard = tree.subdirs["step-2"].file("__0_0.distcp")
+    # Dated when first seen, not by moto's fixed 2010 Initiated date.
+    assert shard == (0, clock.now)
+    [(_, found)] = [(n, f) for n, f in [layouts.identify(tree, Options())]]
+    assert {item.id: item.state for item in found}["step-2"] == WRITING
+    usage = reader.usage()
+    assert (usage.incomplete_uploads, usage.oldest_incomplete_upload) == (1, clock.now)
+    first_seen = clock.now
+    client.upload_part(
+        Bucket=bucket, Key="job/step-2/__0_0.distcp", UploadId=upload["UploadId"],
+        PartNumber=1, Body=b"y" * 5 * 1024 * 1024,
+    )  # fmt: skip
+    clock.now += 30
+    tree, _ = reader.read()
+    assert tree.subdirs["step-2"].file("__0_0.distcp") == (5 * 1024 * 1024, clock.now)
+    assert reader.usage().incomplete_upload_bytes == 5 * 1024 * 1024
+    clock.now += 30
+    tree, _ = reader.read()  # no progress: its time stays when it last moved
+    assert tree.subdirs["step-2"].file("__0_0.distcp")[1] == first_seen + 30
+    client.abort_multipart_upload(
+        Bucket=bucket, Key="job/step-2/__0_0.distcp", UploadId=upload["UploadId"]
+    )
+    tree, _ = reader.read()
+    assert "step-2" not in tree.subdirs
+    assert reader.usage().incomplete_uploads == 0
+
+
+def test_deleted_objects_are_gone(server: MotoServer, bucket: str) -> None:
+    for step in (1, 2):
+        put(server, bucket, f"job/step-{step}/__0_0.distcp", 10)
+        put(server, bucket, f"job/step-{step}/.metadata", 1)
+    reader = reader_of(f"s3://{bucket}/job")
+    reader.read()
+    client = server.client()
+    for key in ("job/step-1/__0_0.distcp", "job/step-1/.metadata"):
+        client.delete_object(Bucket=bucket, Key=key)
+    tree, _ = reader.read()
+    assert sorted(tree.subdirs) == ["step-2"]
+
+
+def test_a_marker_is_read_by_a_bounded_ranged_get(server: MotoServer, bucket: str) -> None:
+    client = server.client()
+    client.put_object(Bucket=bucket, Key="job/latest", Body=b"global_step20")
+    client.put_object(Bucket=bucket, Key="job/global_step20/mp_rank_00_model_states.pt", Body=b"")
+    reader = reader_of(f"s3://{bucket}/job", content_limit=8)
+    tree, _ = reader.read()
+    assert tree.kind("latest") == FILE
+    assert "latest" not in tree.contents  # larger than the limit: never fetched
+    assert "get" not in requests_of(reader)
+    reader = reader_of(f"s3://{bucket}/job")
+    tree, _ = reader.read()
+    assert tree.contents["latest"] == b"global_step20"
+    gets = requests_of(reader).get("get", 0)
+    reader.read()
+    assert requests_of(reader).get("get", 0) == gets  # unchanged: not read again
+
+
+def test_a_missing_bucket_is_this_jobs_error_with_its_reason(server: MotoServer) -> None:
+    reader = reader_of("s3://no-such-bucket/job")
+    tree, stats = reader.read()
+    assert tree is None
+    assert stats.errors[0][1].startswith("NoSuchBucket")
+    assert ("list_uploads", "NoSuchBucket", 1) in reader.usage().errors
+
+
+def test_an_unreachable_endpoint_is_an_error_not_a_hang(server: MotoServer) -> None:
+    with mock.patch.dict(os.environ, {"AWS_ENDPOINT_URL": "http://127.0.0.1:9"}):
+        reader = reader_of("s3://bucket/job")
+    tree, stats = reader.read()
+    assert tree is None or tree.names == ()
+    assert stats.errors and "unreachable" in stats.errors[0][1]
+
+
+def test_plain_http_is_refused_without_allow_http(server: MotoServer) -> None:
+    from checkpoint_exporter.sources.objects import StoreError
+
+    with mock.patch.dict(os.environ, {"AWS_ALLOW_HTTP": ""}), pytest.raises(StoreError) as raised:
+        S3Store("bucket", {}, RequestCounter())
+    assert "AWS_ALLOW_HTTP" in raised.value.reason

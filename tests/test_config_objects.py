@@ -1,0 +1,54 @@
+"""Object URLs in the config file: s3:// accepted as a job's path or staging without an existence
+check, its storage_options free of secrets, gs:// and az:// refused as not supported yet."""
+
+from __future__ import annotations
+
+import pytest
+
+from checkpoint_exporter.config import OBJECT_POLL_INTERVAL, ConfigError, parse_config
+
+
+def _problems(text: str) -> list[str]:
+    with pytest.raises(ConfigError) as raised:
+        parse_config(text, "f.yaml")
+    return [str(problem) for problem in raised.value.problems]
+
+
+def test_an_s3_url_is_a_path_and_staging_polled_every_30_seconds() -> None:
+    config = parse_config(
+        "jobs:\n"
+        "  - {name: a, path: 's3://bucket//run/', storage_options: {endpoint_url: 'http://x:9000',"
+        " allow_http: true, region: eu-west-1}}\n"
+        "  - {name: b, path: 's3://bucket/b', poll_interval: 1m}\n"
+    )
+    a, b = config.jobs
+    assert str(a.path) == "s3://bucket/run"
+    assert dict(a.storage_options) == {
+        "endpoint_url": "http://x:9000", "allow_http": True, "region": "eu-west-1",
+    }  # fmt: skip
+    assert a.policy.poll_interval == OBJECT_POLL_INTERVAL
+    assert b.policy.poll_interval == 60.0  # stated: kept
+    assert config.warnings == ()  # no existence check, no note
+
+
+@pytest.mark.parametrize("key", ["aws_secret_access_key", "session_token", "password"])
+def test_a_secret_in_storage_options_is_refused_naming_file_and_key(key: str) -> None:
+    (problem,) = _problems(
+        f"jobs:\n  - {{name: a, path: 's3://b/x', storage_options: {{{key}: hunter2}}}}"
+    )
+    assert problem.startswith("f.yaml:2: jobs[0].storage_options: ")
+    assert f"{key} looks like a secret" in problem
+    assert "hunter2" not in problem  # the value itself is never repeated
+
+
+@pytest.mark.parametrize("scheme", ["gs", "az"])
+def test_gcs_and_azure_are_refused_as_not_supported_yet(scheme: str) -> None:
+    (problem,) = _problems(f"jobs:\n  - {{name: a, path: '{scheme}://b/x'}}")
+    assert f"{scheme}:// is not supported yet" in problem
+
+
+def test_object_discover_roots_and_storage_options_on_a_directory_are_refused() -> None:
+    (problem,) = _problems("discover:\n  - {root: 's3://b/x'}")
+    assert "object-store discover roots are not supported yet" in problem
+    (problem,) = _problems("jobs:\n  - {name: a, path: /tmp, storage_options: {region: x}}")
+    assert "storage_options: is for object URLs" in problem
