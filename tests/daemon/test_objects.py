@@ -19,8 +19,6 @@ from checkpoint_exporter.daemon.workers import InlineWorker
 from checkpoint_exporter.model import COMMITTED, WRITING, JobState
 from tests.helpers.moto_s3 import MotoServer, moto_server
 
-pytest.importorskip("botocore")
-
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[MotoServer]:

@@ -13,8 +13,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-import pytest
-
 # Test credentials: moto accepts any. Never a real key.
 TEST_ENV = {
     "AWS_ACCESS_KEY_ID": "testing",
@@ -53,7 +51,6 @@ def _free_port() -> int:
 
 @contextmanager
 def moto_server() -> Iterator[MotoServer]:
-    pytest.importorskip("moto.server", reason="moto[server] is in the test extra")
     port = _free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],

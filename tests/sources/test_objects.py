@@ -10,16 +10,13 @@ from unittest import mock
 import pytest
 
 from checkpoint_exporter.model import COMMITTED, WRITING
-from checkpoint_exporter.sources import layouts
+from checkpoint_exporter.sources import layouts, s3
 from checkpoint_exporter.sources.layouts.base import Options
 from checkpoint_exporter.sources.listing import FILE, OpsBudget
 from checkpoint_exporter.sources.objects import ObjectTreeReader, RequestCounter
+from checkpoint_exporter.sources.s3 import S3Store
 from checkpoint_exporter.storage_url import parse_object_url
 from tests.helpers.moto_s3 import MotoServer, moto_server
-
-pytest.importorskip("botocore")
-from checkpoint_exporter.sources import s3
-from checkpoint_exporter.sources.s3 import S3Store
 
 
 @pytest.fixture(scope="module")
