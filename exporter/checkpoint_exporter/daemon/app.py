@@ -7,7 +7,10 @@ it again (``reread``); everything from there on is the daemon's.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import select
 import signal
 import threading
 import time
@@ -22,15 +25,21 @@ EXIT_OK, EXIT_FAILURE = 0, 1
 # The logger serve has always logged under (logs.py prints its name, less this prefix).
 log = logging.getLogger("checkpoint_exporter")
 
+WAKE_BACKSTOP_SECONDS = 5.0  # the main thread looks at the signal flags at least this often
+
 
 class Signals:
     """SIGTERM / SIGINT stop, SIGHUP reloads the configuration. The handler only records the
-    signal and the main thread polls for it: a handler must take no lock (it runs between two
-    bytecodes of the main thread, which may hold that very lock)."""
+    signal and wakes the main thread through a pipe: a handler must take no lock (it runs
+    between two bytecodes of the main thread, which may hold that very lock), and a write to a
+    pipe takes none. The main thread sleeps on the pipe rather than waking ten times a second
+    to look (2 to 3 CPU seconds an hour of an idle exporter)."""
 
     def __init__(self) -> None:
         self.stop: int | None = None
         self.reloads = 0
+        self._woken, self._wake = os.pipe()
+        os.set_blocking(self._wake, False)
         signal.signal(signal.SIGTERM, self._handle)
         signal.signal(signal.SIGINT, self._handle)
         signal.signal(signal.SIGHUP, self._handle)
@@ -40,11 +49,18 @@ class Signals:
             self.reloads += 1
         else:
             self.stop = signum
+        # After the flag: the main thread wakes to find it set (a full pipe wakes it as well).
+        with contextlib.suppress(BlockingIOError):
+            os.write(self._wake, b"\0")
 
     def wait(self, handled_reloads: int) -> str:
         """Returns "stop", or "reload" once more SIGHUPs came than ``handled_reloads``."""
         while self.stop is None and self.reloads == handled_reloads:
-            time.sleep(0.1)
+            # The handler runs on this thread, here or between two bytecodes before: either way
+            # its byte is in the pipe by the time this looks. The timeout is a backstop only.
+            readable, _, _ = select.select([self._woken], [], [], WAKE_BACKSTOP_SECONDS)
+            if readable:
+                os.read(self._woken, 512)
         return "stop" if self.stop is not None else "reload"
 
 
