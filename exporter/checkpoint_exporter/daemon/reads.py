@@ -35,6 +35,7 @@ HOT_RESCAN_SECONDS = 1.0  # a job with a save in progress is read this often
 # Polls fall due on ticks this far apart, so the jobs polled at one interval are read in one
 # batch per tick rather than one thread wake-up each (at most this much later).
 POLL_GRID = 0.25
+_NONE: frozenset[str] = frozenset()  # what a read without errors could not read: shared
 
 
 class Reads:
@@ -113,9 +114,10 @@ class Reads:
         hot = list(dict(effects.hot).get(tier.tier, ())) if effects is not None else []
         reconcile = 0 if final else tier.reconcile_wanted
         force = reconcile > tier.reconcile_done
-        touched = () if final else _below(tier.path, tier.touched)
+        touched = _below(tier.path, tier.touched) if tier.touched and not final else ()
         if not final:  # a final read leaves what the watcher asked for meanwhile to the next
-            tier.touched = set()
+            if tier.touched:  # an idle poll's stays the same empty set
+                tier.touched = set()
             tier.again = False
         tier.pending = True
         options = Options(verify_checksums=source.policy.verify_checksums)
@@ -254,7 +256,7 @@ def _read_tier(
         found, layout = _found(tier, tree, fixed_layout, options)
     except Exception as error:
         return _failed_read(tier, error, time.perf_counter() - started, bool(final))
-    unreadable = frozenset(path for path, _ in stats.errors)
+    unreadable = frozenset(path for path, _ in stats.errors) if stats.errors else _NONE
     return Read(tier, found, unreadable, len(stats.errors), layout,
                  time.perf_counter() - started, reconcile, bool(final),
                  missing=tree is None and not stats.errors)  # fmt: skip

@@ -4,6 +4,7 @@ the budgets more than one part of the core keeps."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from checkpoint_exporter.config import DiscoverConfig, JobConfig, Policy
 from checkpoint_exporter.daemon.timers import ScanDue
@@ -58,8 +59,9 @@ class Tier:
     place_failed: bool = False  # its placement raised: placed again at retry_at
     unreadable: int = 0  # directories its last read could not read
 
-    @property
+    @cached_property
     def key(self) -> ScanDue:
+        # One key per tier, not one per read: each read sets its timer.
         return ScanDue(self.job, self.tier)
 
 
