@@ -7,7 +7,11 @@ it again (``reread``); everything from there on is the daemon's.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
+import os
+import select
 import signal
 import threading
 import time
@@ -22,15 +26,24 @@ EXIT_OK, EXIT_FAILURE = 0, 1
 # The logger serve has always logged under (logs.py prints its name, less this prefix).
 log = logging.getLogger("checkpoint_exporter")
 
+WAKE_BACKSTOP_SECONDS = 5.0  # the main thread looks at the signal flags at least this often
+# Once the first pass is done (or after this long in any case) the heap built at start-up is
+# frozen out of the collector's reach.
+FREEZE_AFTER_SECONDS = 600.0
+
 
 class Signals:
     """SIGTERM / SIGINT stop, SIGHUP reloads the configuration. The handler only records the
-    signal and the main thread polls for it: a handler must take no lock (it runs between two
-    bytecodes of the main thread, which may hold that very lock)."""
+    signal and wakes the main thread through a pipe: a handler must take no lock (it runs
+    between two bytecodes of the main thread, which may hold that very lock), and a write to a
+    pipe takes none. The main thread sleeps on the pipe rather than waking ten times a second
+    to look (2 to 3 CPU seconds an hour of an idle exporter)."""
 
     def __init__(self) -> None:
         self.stop: int | None = None
         self.reloads = 0
+        self._woken, self._wake = os.pipe()
+        os.set_blocking(self._wake, False)
         signal.signal(signal.SIGTERM, self._handle)
         signal.signal(signal.SIGINT, self._handle)
         signal.signal(signal.SIGHUP, self._handle)
@@ -40,12 +53,33 @@ class Signals:
             self.reloads += 1
         else:
             self.stop = signum
+        # After the flag: the main thread wakes to find it set (a full pipe wakes it as well).
+        with contextlib.suppress(BlockingIOError):
+            os.write(self._wake, b"\0")
 
     def wait(self, handled_reloads: int) -> str:
         """Returns "stop", or "reload" once more SIGHUPs came than ``handled_reloads``."""
         while self.stop is None and self.reloads == handled_reloads:
-            time.sleep(0.1)
+            # The handler runs on this thread, here or between two bytecodes before: either way
+            # its byte is in the pipe by the time this looks. The timeout is a backstop only.
+            readable, _, _ = select.select([self._woken], [], [], WAKE_BACKSTOP_SECONDS)
+            if readable:
+                os.read(self._woken, 512)
         return "stop" if self.stop is not None else "reload"
+
+
+def freeze_when_ready(readiness: Callable[[], str | None], stop: threading.Event) -> None:
+    """Move what start-up built (every job's tracker, its listings, the config) out of the cyclic
+    collector's reach once the first pass is done: a full collection walks the whole heap, so
+    at 1,000 jobs each cost about 80 ms and came every few minutes of an idle exporter, a cost
+    that grew with the jobs. Objects made later are collected as before; a frozen one that
+    becomes cyclic garbage stays (bounded by the start-up heap), freed ones are freed as ever."""
+    deadline = time.monotonic() + FREEZE_AFTER_SECONDS
+    while readiness() is not None and time.monotonic() < deadline:
+        if stop.wait(1.0):
+            return
+    gc.collect()  # the start-up's garbage is not frozen with it
+    gc.freeze()
 
 
 def reload_config(reread: Callable[[], Config], scanner: Any) -> None:
@@ -131,6 +165,11 @@ class App:
                      config.serving.shard, config.serving.shards)  # fmt: skip
         scanner.start()
         telemetry.start()
+        stopping = threading.Event()
+        threading.Thread(
+            target=freeze_when_ready, args=(scanner.readiness, stopping), name="gc-freeze",
+            daemon=True,
+        ).start()  # fmt: skip
         handled, reloading = 0, None
         while signals.wait(handled) == "reload":
             if reloading is not None and reloading.is_alive():
@@ -145,6 +184,7 @@ class App:
             reloading.start()
         assert signals.stop is not None
         log.info("stopping on %s", signal.Signals(signals.stop).name)
+        stopping.set()
         server.stop()
         scanner.stop()
         telemetry.stop()

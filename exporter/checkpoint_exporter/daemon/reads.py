@@ -40,6 +40,7 @@ POLL_GRID = 0.25
 # Listings of what just committed, per read: one, and one more should another generation commit
 # meanwhile (its sizes too were last statted mid-write); past that, the next read sees it.
 RESTAT_ROUNDS = 2
+_NONE: frozenset[str] = frozenset()  # what a read without errors could not read: shared
 
 
 class Reads:
@@ -116,8 +117,9 @@ class Reads:
         hot = list(dict(effects.hot).get(tier.tier, ())) if effects is not None else []
         reconcile = tier.reconcile_wanted
         force = reconcile > tier.reconcile_done
-        touched = _below(tier.path, tier.touched)
-        tier.touched = set()
+        touched = _below(tier.path, tier.touched) if tier.touched else ()
+        if tier.touched:  # an idle poll's stays the same empty set
+            tier.touched = set()
         tier.again = False
         tier.pending = True
         options = Options(verify_checksums=source.policy.verify_checksums)
@@ -231,7 +233,7 @@ def _read_tier(
     try:
         before = tier.parsed[1] if tier.parsed is not None else None
         tree, stats = reader.read(hot, force=force, touched=touched)
-        errors = list(stats.errors)
+        errors = stats.errors
         found, layout = _found(tier, tree, fixed_layout, options)
         for _ in range(RESTAT_ROUNDS):
             committed = just_committed(before, found)
@@ -240,11 +242,11 @@ def _read_tier(
             before = found
             tree, stats = reader.read(hot, force_paths=[listing_path(g) for g in committed])
             seen = {path for path, _ in errors}
-            errors += [error for error in stats.errors if error[0] not in seen]
+            errors = [*errors, *(error for error in stats.errors if error[0] not in seen)]
             found, layout = _found(tier, tree, fixed_layout, options)
     except Exception as error:
         return _failed_read(tier, error, time.perf_counter() - started)
-    unreadable = frozenset(path for path, _ in errors)
+    unreadable = frozenset(path for path, _ in errors) if errors else _NONE
     return Read(tier, found, unreadable, len(errors), layout,
                  time.perf_counter() - started, reconcile,
                  missing=tree is None and not errors)  # fmt: skip

@@ -4,6 +4,7 @@ the budgets more than one part of the core keeps."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from checkpoint_exporter.config import DiscoverConfig, JobConfig, Policy
 from checkpoint_exporter.daemon.timers import ScanDue
@@ -63,8 +64,9 @@ class Tier:
     # An object URL's connection (config.JobConfig.storage_options); () for a directory.
     storage_options: tuple[tuple[str, object], ...] = ()
 
-    @property
+    @cached_property
     def key(self) -> ScanDue:
+        # One key per tier, not one per read: each read sets its timer.
         return ScanDue(self.job, self.tier)
 
 

@@ -28,6 +28,11 @@ class TimerQueue(Generic[K]):
 
     def at(self, key: K, due: float) -> None:
         """``key`` is due at ``due`` (and no longer at any earlier or later time)."""
+        if self._due.get(key) == due:
+            # Its entry is in the heap already: a second one would survive every compaction
+            # (both match), and a key set again and again at one time made each ``at`` a walk
+            # of the whole heap.
+            return
         self._due[key] = due
         heapq.heappush(self._heap, (due, next(self._order), key))
         if len(self._heap) > 2 * len(self._due) + 64:  # too many moved entries: drop them

@@ -29,7 +29,9 @@ class Validation:
             self._dropping.add(name)
         now = self.monotonic()
         source = self._sources.get(name)
-        tiers = {tier.tier: tier for tier in source.tiers} if source is not None else {}
+        # Built only when needed: most inputs (an idle poll's read) ask for neither.
+        wanted = effects.validations or effects.rescan
+        tiers = {t.tier: t for t in source.tiers} if source is not None and wanted else {}
         for request in effects.validations:
             tier = tiers.get(request.tier)
             if tier is not None and tier.reader is not None:
