@@ -173,6 +173,34 @@ def test_an_open_multipart_upload_is_a_file_being_written(server: MotoServer, bu
     assert reader.usage().incomplete_uploads == 0
 
 
+def test_a_save_retried_under_the_same_name_is_followed_by_its_own_upload(
+    server: MotoServer, bucket: str
+) -> None:
+    """A killed save's upload stays open beside the retry's on the same key: the file being
+    written is the retry's (its progress is the save's), and both are open uploads that cost."""
+    client = server.client()
+    key = "job/step-1/__0_0.distcp"
+    clock = Clock()
+    reader = reader_of(f"s3://{bucket}/job", clock)
+    reader.read()
+    killed = client.create_multipart_upload(Bucket=bucket, Key=key)
+    part = b"y" * 5 * 1024 * 1024
+    client.upload_part(Bucket=bucket, Key=key, UploadId=killed["UploadId"], PartNumber=1, Body=part)
+    clock.now += 30
+    reader.read()
+    retry = client.create_multipart_upload(Bucket=bucket, Key=key)
+    for number in (1, 2):
+        client.upload_part(
+            Bucket=bucket, Key=key, UploadId=retry["UploadId"], PartNumber=number, Body=part
+        )
+    clock.now += 30
+    tree, _ = reader.read()
+    assert tree.subdirs["step-1"].file("__0_0.distcp") == (2 * len(part), clock.now)
+    usage = reader.usage()
+    assert (usage.incomplete_uploads, usage.incomplete_upload_bytes) == (2, 3 * len(part))
+    assert usage.oldest_incomplete_upload == clock.now - 30  # the killed one, when first seen
+
+
 def test_deleted_objects_are_gone(server: MotoServer, bucket: str) -> None:
     for step in (1, 2):
         put(server, bucket, f"job/step-{step}/__0_0.distcp", 10)

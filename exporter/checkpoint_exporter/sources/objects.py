@@ -181,7 +181,9 @@ class ObjectTreeReader:
         self.clock = clock
         self.tree: Dir | None = None
         self.entries_read = 0
-        self._uploads: dict[str, _Seen] = {}  # by key
+        # Every open upload, by (key, upload id), in the store's order: by key, then the oldest
+        # first (S3 lists several uploads of one key by initiation).
+        self._uploads: dict[tuple[str, str], _Seen] = {}
         self._contents: dict[tuple[str, str, int], bytes] = {}  # (key, etag, size) -> bytes
         self._reported: set[str] = set()
         self._settled: set[str] = set()  # generations whose last listing repeated the one before
@@ -289,19 +291,25 @@ class ObjectTreeReader:
     def _follow_uploads(self, state: _ReadState, now: float) -> None:
         """The open multipart uploads under the prefix, each dated by this reader's own eyes:
         first seen now, or moved now when its parts grew."""
-        found: dict[str, Upload] = {}
+        found: dict[tuple[str, str], Upload] = {}
         marker: tuple[str, str] | None = None
         while True:
             self._spend(state)
             uploads, marker = self.store.list_uploads(self.url.prefix, marker)
             for upload in uploads:
-                found.setdefault(upload.key, upload)  # the oldest of several on one key
-            if marker is None:
+                found[upload.key, upload.upload_id] = upload
+            if marker is None or not any(marker):  # no marker to go on from: the end
                 break
-        following: dict[str, _Seen] = {}
-        for position, (key, upload) in enumerate(sorted(found.items())):
-            seen = self._uploads.get(key)
-            if seen is None or seen.upload != upload:
+        # The newest upload of each key first (a save retried under the same name leaves the
+        # killed one's open beside it): its progress is the save's.
+        newest_first = sorted(found, key=lambda ident: ident[0])
+        newest = {ident[0]: ident for ident in found}  # the last listed of each key
+        newest_first.sort(key=lambda ident: newest[ident[0]] != ident)
+        following: dict[tuple[str, str], _Seen] = {}
+        for position, ident in enumerate(newest_first):
+            upload = found[ident]
+            seen = self._uploads.get(ident)
+            if seen is None:
                 seen = _Seen(upload, -1, now)  # -1: its size not known
             if position < MAX_UPLOADS_SIZED:
                 self._spend(state)
@@ -309,9 +317,10 @@ class ObjectTreeReader:
                 size = -1 if size is None else size
                 if size != seen.size:  # progress, seen now
                     seen = _Seen(upload, size, now)
-            following[key] = seen
-        self._uploads = following
-        for key, seen in following.items():
+            following[ident] = seen
+        self._uploads = {ident: following[ident] for ident in found}  # the store's order
+        for key, ident in newest.items():
+            seen = following[ident]
             relative = key[len(self.url.prefix) :]
             generation = relative.split("/", 1)[0] if "/" in relative else ""
             state.uploads_by_generation.setdefault(generation, []).append(seen)
