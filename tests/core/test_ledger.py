@@ -194,3 +194,37 @@ def test_the_ledger_keeps_one_entry_per_save_and_no_more_than_the_bound() -> Non
     assert ("step", 0) not in tracker._saves  # the oldest went first
     entry = tracker._saves[("step", COUNTED_KEYS + 5)]
     assert entry.accounted and not entry.aborted and entry.record is tracker.recent_saves[-1]
+
+
+def test_the_disks_abort_and_then_its_ranks_save_failed_are_one_abort() -> None:
+    """The save stood still (ranks hung in a collective): the disk aborts it after abort_after;
+    its ranks report save_failed when they time out, much later. One abort, counted once."""
+    tracker = job(deadline=60, abort_after=120)
+    tracker.observe(DURABLE, [], T)
+    tracker.apply_events([ev("save_start", T + 4, 10)], T + 4)
+    tracker.observe(DURABLE, [found("step_10", WRITING, T + 4, step=10, last=T + 5)], T + 6)
+    tracker.tick(T + 200)  # nothing moved for abort_after: aborted by the disk
+    assert tracker.state().saves_aborted == 1
+    tracker.apply_events([ev("save_failed", T + 900, 10)], T + 900)
+    tracker.tick(T + 901)
+    assert tracker.state().saves_aborted == 1
+    # A later attempt at the same step that fails on its own is another abort.
+    tracker.apply_events(
+        [ev("save_start", T + 5000, 10), ev("save_failed", T + 5010, 10)], T + 5010
+    )
+    tracker.tick(T + 5011)
+    assert tracker.state().saves_aborted == 2
+
+
+def test_a_save_accounted_without_a_span_does_not_swallow_the_next_one_under_its_key() -> None:
+    """The ranks' account of a save whose start line was lost has no window; the next save
+    under the same step, a roll-back later, is a save of its own."""
+    tracker = job(deadline=60)
+    tracker.observe(DURABLE, [], T)
+    tracker.apply_events([ev("committed", T + 20, 10)], T + 20)  # its save_start never came
+    tracker.tick(T + 21)
+    tracker.tick(T + 3600)  # expired or settled, either way accounted
+    counted = _total(tracker)
+    tracker.apply_events([ev("save_start", T + 5000, 10), ev("committed", T + 5020, 10)], T + 5020)
+    tracker.tick(T + 5021)
+    assert _total(tracker) == counted + 1

@@ -86,6 +86,7 @@ class Save:
     accounted_by: set[str] = field(default_factory=set)
     window: tuple[float, float] | None = None  # its span as first accounted, on our clock
     aborted: bool = False  # an abort was counted under its key, and no commit came since
+    abort_span: tuple[float, float] | None = None  # that abort's start and last write
     record: SaveRecord | None = None  # its finished record (an abort's is in recent_saves only)
 
     @property
@@ -150,11 +151,12 @@ class SaveLedger(JobBase):
         The same evidence accounts a save once, so a second account by it is of the same save
         only while its span meets the first one's (a straggler's late events); the other
         evidence's span, on another clock, may lie apart by the tolerated skew."""
-        if entry.window is None or window is None:
-            return True  # nothing to tell them apart: the same save, counted once
-        start, end = entry.window
+        if window is None:
+            return True  # a piece of a save with no span of its own (a straggler's events)
+        if entry.window is None:  # accounted without a span: only the other evidence joins it
+            return by not in entry.accounted_by
         slack = 0.0 if by in entry.accounted_by else skew_tolerance(self.policy.poll_interval)
-        return start - slack <= window[1] and window[0] <= end + slack
+        return _meet(entry.window, window, slack)
 
     def _abort_counted(self, key: SaveKey | None) -> bool:
         """An abort under this key was counted, and no commit came since."""
@@ -280,7 +282,8 @@ class SaveLedger(JobBase):
         self.saves_aborted += 1
         self.recent_saves.append(SaveRecord(step, start, end, (), "aborted"))
         if key is not None:
-            self._entry(key).aborted = True
+            entry = self._entry(key)
+            entry.aborted, entry.abort_span = True, (start, end)
 
     def _save_failed(self, key: SaveKey, timeline: Timeline) -> None:
         """Every rank that started the save here ended it, and none committed: its ranks said
@@ -299,6 +302,11 @@ class SaveLedger(JobBase):
         starts = [e["save_start"] for e in timeline.ranks.values() if "save_start" in e]
         ends = [ts for e in timeline.ranks.values() for ts in e.values()]
         start = window[0] if window else (min(starts) if starts else max(ends))
+        entry = self._known(key)
+        if entry is not None and entry.aborted and entry.abort_span is not None:
+            slack = skew_tolerance(self.policy.poll_interval)
+            if _meet(entry.abort_span, (start, max(ends)), slack):
+                return  # the disk's abort of this very save (it stood still) counted it
         step = key[1] if key[0] == "step" and isinstance(key[1], int) else None
         log.warning(
             "save aborted: job=%s step=%s reason=%s", self.name, step, reason.rstrip(": ")
@@ -360,3 +368,8 @@ class SaveLedger(JobBase):
         """The newest finished (not aborted) save: the one checkpoint_last_save_symptom_info
         describes."""
         return next((r for r in reversed(self.recent_saves) if r.outcome != "aborted"), None)
+
+
+def _meet(a: tuple[float, float], b: tuple[float, float], slack: float) -> bool:
+    """Whether two spans share a moment, give or take ``slack``."""
+    return a[0] - slack <= b[1] and b[0] <= a[1] + slack
