@@ -38,7 +38,7 @@ HOT_RESCAN_SECONDS = 1.0  # a job with a save in progress is read this often
 # batch per tick rather than one thread wake-up each (at most this much later).
 POLL_GRID = 0.25
 # Listings of what just committed, per read: one, and one more should another generation commit
-# meanwhile (its sizes too were last statted mid-write); past that, the next read sees it.
+# meanwhile (its sizes too were last statted mid-write); past that, the next read states it.
 RESTAT_ROUNDS = 2
 _NONE: frozenset[str] = frozenset()  # what a read without errors could not read: shared
 
@@ -235,10 +235,19 @@ def _read_tier(
         tree, stats = reader.read(hot, force=force, touched=touched)
         errors = stats.errors
         found, layout = _found(tier, tree, fixed_layout, options)
-        for _ in range(RESTAT_ROUNDS):
-            committed = just_committed(before, found)
+        # Once each: a commit time that is the newest file's mtime rises when it is statted.
+        restatted: set[str] = set()
+        for round_ in range(RESTAT_ROUNDS + 1):
+            committed = [g for g in just_committed(before, found) if g not in restatted]
             if not committed or tree is None:
                 break
+            if round_ == RESTAT_ROUNDS:
+                # More committed while the last ones were statted: the next read compares with
+                # the listing before them and states them then (nothing else would: a file
+                # that grew in place moved no directory's mtime).
+                tier.parsed = (None, before, layout)
+                break
+            restatted.update(committed)
             before = found
             tree, stats = reader.read(hot, force_paths=[listing_path(g) for g in committed])
             seen = {path for path, _ in errors}
@@ -256,19 +265,21 @@ def just_committed(
     before: Sequence[layouts.Found] | None, after: Sequence[layouts.Found]
 ) -> list[str]:
     """The generations ``after`` shows committed that ``before`` (the tier's previous listing)
-    showed still being written, or committed with an older marker (saved again under its
+    did not show committed: still being written, not a generation yet (files in a directory
+    listed before its marker came), or committed with an older marker (saved again under its
     name). None before: the first listing, which statted everything just now."""
     if before is None:
         return []
     earlier = {item.id: item for item in before}
     committed = []
     for item in after:
-        was = earlier.get(item.id)
-        if item.state != COMMITTED or was is None:
+        if item.state != COMMITTED:
             continue
-        renewed = (item.commit_time or 0.0) > (was.commit_time or 0.0)
-        if was.state != COMMITTED or renewed:
+        was = earlier.get(item.id)
+        if was is None or was.state != COMMITTED:
             committed.append(item.id)
+        elif (item.commit_time or 0.0) > (was.commit_time or 0.0):
+            committed.append(item.id)  # renewed
     return committed
 
 
