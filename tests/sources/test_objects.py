@@ -13,7 +13,7 @@ from checkpoint_exporter.model import COMMITTED, WRITING
 from checkpoint_exporter.sources import layouts, s3
 from checkpoint_exporter.sources.layouts.base import Options
 from checkpoint_exporter.sources.listing import FILE, OpsBudget
-from checkpoint_exporter.sources.objects import ObjectTreeReader, RequestCounter
+from checkpoint_exporter.sources.objects import BACKOFF_SECONDS, ObjectTreeReader, RequestCounter
 from checkpoint_exporter.sources.s3 import S3Store
 from checkpoint_exporter.storage_url import parse_object_url
 from tests.helpers.moto_s3 import MotoServer, moto_server
@@ -237,6 +237,36 @@ def test_a_missing_bucket_is_this_jobs_error_with_its_reason(server: MotoServer)
     assert tree is None
     assert stats.errors[0][1].startswith("NoSuchBucket")
     assert ("list_uploads", "NoSuchBucket", 1) in reader.usage().errors
+
+
+def test_a_store_that_refuses_a_read_is_asked_again_after_a_growing_pause(
+    server: MotoServer,
+) -> None:
+    """Requests are billed and throttled: a read the store refused is not repeated at every
+    poll (every second while a save is in progress), and its error stands meanwhile."""
+    clock = Clock()
+    reader = reader_of("s3://no-such-bucket-yet/job", clock)
+    reader.read()
+    made = sum(requests_of(reader).values())
+    clock.now += BACKOFF_SECONDS[0] - 1
+    tree, stats = reader.read()  # within the pause: no request, the same error
+    assert sum(requests_of(reader).values()) == made
+    assert tree is None and stats.errors[0][1].startswith("NoSuchBucket")
+    clock.now += 1
+    reader.read()  # the pause is over: asked again, refused again, a longer pause
+    again = sum(requests_of(reader).values())
+    assert again > made
+    clock.now += 2 * BACKOFF_SECONDS[0] - 1
+    reader.read()
+    assert sum(requests_of(reader).values()) == again
+    server.client().create_bucket(Bucket="no-such-bucket-yet")
+    clock.now += 1
+    tree, stats = reader.read()  # it exists now: read, and no pause after a good read
+    assert tree is not None and stats.errors == []
+    clock.now += 1
+    before = sum(requests_of(reader).values())
+    reader.read()
+    assert sum(requests_of(reader).values()) > before
 
 
 def test_an_unreachable_endpoint_is_an_error_not_a_hang(server: MotoServer) -> None:

@@ -50,6 +50,11 @@ log = logging.getLogger(__name__)
 MAX_REQUESTS_PER_READ = 1000
 # Open uploads whose parts are listed (for their size and progress) per read.
 MAX_UPLOADS_SIZED = 100
+# After a read the store refused (throttled, denied, missing) or that ran over its request
+# budget, the next ones make no request for a pause that doubles while they keep failing: a
+# store is billed and throttled per request, and a read asked every second while a save is
+# in progress would otherwise repeat the failure every second.
+BACKOFF_SECONDS = (5.0, 300.0)  # the first pause, the longest
 
 # Operation labels of checkpoint_object_store_requests_total (object stores bill by request).
 LIST, GET, HEAD, LIST_UPLOADS, LIST_PARTS = "list", "get", "head", "list_uploads", "list_parts"
@@ -187,6 +192,9 @@ class ObjectTreeReader:
         self._contents: dict[tuple[str, str, int], bytes] = {}  # (key, etag, size) -> bytes
         self._reported: set[str] = set()
         self._settled: set[str] = set()  # generations whose last listing repeated the one before
+        self._failures = 0  # reads failed in a row
+        self._quiet_until = float("-inf")  # (clock) no request before this, after a failure
+        self._last_errors: list[tuple[str, str]] = []
 
     # --- the reader's interface ---------------------------------------------------------------
 
@@ -202,6 +210,11 @@ class ObjectTreeReader:
         means nothing here (no watcher sees object storage)."""
         relist = frozenset(path.split("/", 1)[0] for path in (*hot, *force_paths) if path)
         state = _ReadState(relist, force, ScanStats())
+        now = self.clock()
+        # Backing off: what the failed read said, no request (a clock set back is no longer pause).
+        if now < self._quiet_until <= now + BACKOFF_SECONDS[1]:
+            state.stats.errors.extend(self._last_errors)
+            return self.tree, state.stats
         try:
             self.tree = self._read(state)
         except StoreError as error:
@@ -214,6 +227,12 @@ class ObjectTreeReader:
                 f"the listing needs more than {self.max_requests} requests: "
                 "a narrower prefix, or a larger request budget",
             )
+        failed = any(not path for path, _ in state.stats.errors)  # the read itself failed
+        self._failures = self._failures + 1 if failed else 0
+        if failed:
+            first, longest = BACKOFF_SECONDS
+            self._quiet_until = now + min(longest, first * 2 ** (self._failures - 1))
+            self._last_errors = list(state.stats.errors)
         return self.tree, state.stats
 
     def usage(self) -> ObjectStoreUsage:
