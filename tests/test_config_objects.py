@@ -52,3 +52,16 @@ def test_object_discover_roots_and_storage_options_on_a_directory_are_refused() 
     assert "object-store discover roots are not supported yet" in problem
     (problem,) = _problems("jobs:\n  - {name: a, path: /tmp, storage_options: {region: x}}")
     assert "storage_options: is for object URLs" in problem
+
+
+@pytest.mark.parametrize(
+    "endpoint",
+    ["http://user:hunter2@store:9000", "https://store/?X-Amz-Signature=hunter2", "store"],
+)
+def test_an_endpoint_with_credentials_or_no_scheme_is_refused(endpoint: str) -> None:
+    """The endpoint names the store's worker in logs and labels: no secret may ride in it."""
+    (problem,) = _problems(
+        f"jobs:\n  - {{name: a, path: 's3://b/x', storage_options: {{endpoint_url: '{endpoint}'}}}}"
+    )
+    assert "storage_options: endpoint_url: " in problem
+    assert "hunter2" not in problem

@@ -16,6 +16,7 @@ import pwd
 import re
 import stat
 import threading
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -183,10 +184,26 @@ def _path_parser(base_dir: Path) -> Parser:
 
 # Object URLs are polled, and every poll is billed: a slower default than a filesystem's.
 OBJECT_POLL_INTERVAL = 30.0
+
+
 # What a job's ``storage_options:`` may say: where and how to connect, never who it is. Secrets
 # come only from the standard environment (or a file it names), so the file can be shared.
+def _endpoint_url(value: object) -> str:
+    """An http(s) URL with nothing secret in it: it names the store's worker in logs and labels."""
+    url = text(value)
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"expected an http:// or https:// URL, got {url!r}")
+    if parts.username or parts.password or parts.query or parts.fragment:
+        raise ValueError(
+            "must not carry credentials or a query (it is shown in logs and metric labels); "
+            "credentials come from the environment"
+        )
+    return url
+
+
 STORAGE_OPTIONS = {
-    "endpoint_url": text,
+    "endpoint_url": _endpoint_url,
     "region": text,
     "allow_http": boolean,
     "addressing_style": choice(("auto", "path", "virtual")),
