@@ -55,6 +55,11 @@ tests/k8s/node_modules: tests/k8s/package-lock.json
 	npm ci --prefix tests/k8s --no-audit --no-fund --loglevel=error
 	@touch $@
 
+# Azurite, the Azure Storage emulator the az:// tests run on 127.0.0.1 (npm, tests only).
+tests/servers/node_modules: tests/servers/package-lock.json
+	npm ci --prefix tests/servers --no-audit --no-fund --loglevel=error
+	@touch $@
+
 # Two runs: the suite, three files at a time (a file's module fixtures, such as the image, are
 # built once), then the writers tier (tests marked `writers`: real checkpoint libraries under a
 # live exporter; its `nightly` half is `make test-nightly`), three tests at a time. Most tests
@@ -62,7 +67,7 @@ tests/k8s/node_modules: tests/k8s/package-lock.json
 # suite took 20 minutes one at a time, 15 two files at a time.
 TEST_WORKERS ?= 3
 WRITERS_WORKERS ?= 3
-test: venv toolchain writers tests/k8s/node_modules wheelhouse image
+test: venv toolchain writers tests/k8s/node_modules tests/servers/node_modules wheelhouse image
 	$(BIN)/python -m pytest -m "not writers" -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 	$(BIN)/python -m pytest -m "writers and not nightly" -n $(WRITERS_WORKERS) $(PYTEST_ARGS)
 
@@ -112,4 +117,4 @@ release: venv
 	@PYTHON=$(BIN)/python scripts/release
 
 clean:
-	rm -rf $(VENV) .venv-writers bench/results test-artifacts tests/k8s/node_modules .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .venv-writers bench/results test-artifacts tests/k8s/node_modules tests/servers/node_modules .pytest_cache .ruff_cache .hypothesis

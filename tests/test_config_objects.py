@@ -1,5 +1,5 @@
 """Object URLs in the config file: s3:// accepted as a job's path or staging without an existence
-check, its storage_options free of secrets, gs:// and az:// refused as not supported yet."""
+check (gs:// and az:// too), its storage_options free of secrets and each for its own store."""
 
 from __future__ import annotations
 
@@ -42,9 +42,28 @@ def test_a_secret_in_storage_options_is_refused_naming_file_and_key(key: str) ->
 
 
 @pytest.mark.parametrize("scheme", ["gs", "az"])
-def test_gcs_and_azure_are_refused_as_not_supported_yet(scheme: str) -> None:
-    (problem,) = _problems(f"jobs:\n  - {{name: a, path: '{scheme}://b/x'}}")
-    assert f"{scheme}:// is not supported yet" in problem
+def test_gcs_and_azure_urls_are_paths_polled_every_30_seconds(scheme: str) -> None:
+    (job,) = parse_config(f"jobs:\n  - {{name: a, path: '{scheme}://b//x/'}}").jobs
+    assert str(job.path) == f"{scheme}://b/x"
+    assert job.policy.poll_interval == OBJECT_POLL_INTERVAL
+
+
+def test_an_option_of_another_store_is_refused_naming_the_store_it_is_for() -> None:
+    (problem,) = _problems(
+        "jobs:\n  - {name: a, path: 'gs://b/x', storage_options: {account_name: acct}}"
+    )
+    assert problem == (
+        "f.yaml:2: jobs[0].storage_options.account_name: is for az:// only; "
+        "this job's object URLs are gs://"
+    )
+    (job,) = parse_config(
+        "jobs:\n  - {name: a, path: 'az://c/x', storage_options: {account_name: acct}}"
+    ).jobs
+    assert dict(job.storage_options) == {"account_name": "acct"}
+    (problem,) = _problems(
+        "jobs:\n  - {name: a, path: 'az://c/x', storage_options: {account_name: Not_Valid}}"
+    )
+    assert "account_name: expected 3 to 24 lower-case letters and digits" in problem
 
 
 def test_object_discover_roots_and_storage_options_on_a_directory_are_refused() -> None:

@@ -49,7 +49,6 @@ from checkpoint_exporter.schema import YamlDocument as YamlDocument
 from checkpoint_exporter.schema import did_you_mean as did_you_mean
 from checkpoint_exporter.schema import read_yaml_file as read_yaml_file
 from checkpoint_exporter.storage_url import (
-    FUTURE_SCHEMES,
     is_object_url,
     parse_object_url,
     scheme_of,
@@ -202,12 +201,23 @@ def _endpoint_url(value: object) -> str:
     return url
 
 
+def _account_name(value: object) -> str:
+    """An Azure storage account's name (3-24 lower-case letters and digits), not its key."""
+    name = text(value)
+    if not re.fullmatch(r"[a-z0-9]{3,24}", name):
+        raise ValueError(f"expected 3 to 24 lower-case letters and digits, got {shown(value)}")
+    return name
+
+
 STORAGE_OPTIONS = {
     "endpoint_url": _endpoint_url,
     "region": text,
     "allow_http": boolean,
     "addressing_style": choice(("auto", "path", "virtual")),
+    "account_name": _account_name,
 }
+# The options that mean something to one kind of store only.
+SCHEME_OPTIONS = {"region": "s3", "addressing_style": "s3", "account_name": "az"}
 _SECRET_LIKE = re.compile(
     r"secret|passw|token|credential|access_key|key_id|private|sas|connection_string|account_key",
     re.IGNORECASE,
@@ -219,12 +229,7 @@ def _object_or_path(path: Parser) -> Parser:
 
     def parse(value: object) -> Path | str:
         candidate = text(value)
-        scheme = scheme_of(candidate)
-        if scheme in FUTURE_SCHEMES:
-            raise ValueError(
-                f"{candidate}: {scheme}:// is not supported yet (only s3:// object storage is)"
-            )
-        if scheme is not None:
+        if scheme_of(candidate) is not None:
             return str(parse_object_url(candidate))
         return path(value)
 
@@ -252,7 +257,7 @@ def _storage_options(value: object) -> tuple[tuple[str, object], ...]:
         if _SECRET_LIKE.search(name):
             raise ValueError(
                 f"{name} looks like a secret: credentials come only from the environment "
-                "(AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_PROFILE, web identity), "
+                "(AWS_*, GOOGLE_APPLICATION_CREDENTIALS, AZURE_STORAGE_*, workload identity), "
                 "never from this file"
             )
         parse = STORAGE_OPTIONS.get(name)
@@ -905,6 +910,14 @@ def _jobs(
         objects = [key for key in ("path", "staging") if is_object_url(values.get(key, ""))]
         if values.get("storage_options") and not objects:
             problems.add((*at, "storage_options"), "is for object URLs (s3://): path names none")
+        schemes = {scheme_of(values[key]) for key in objects}
+        for name, _ in values.get("storage_options") or () if objects else ():
+            if SCHEME_OPTIONS.get(name, "") not in ("", *schemes):
+                problems.add(
+                    (*at, "storage_options", name),
+                    f"is for {SCHEME_OPTIONS[name]}:// only; this job's object URLs are "
+                    + ", ".join(f"{scheme}://" for scheme in sorted(schemes)),
+                )
         if all(key in values for key in required):
             policy = _policy(values, defaults)
             if objects and "poll_interval" not in values and "poll_interval" not in stated_defaults:

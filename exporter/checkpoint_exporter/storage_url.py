@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# The schemes fsspec and obstore use. Only S3 (and S3-compatible stores) is read so far.
-SUPPORTED_SCHEMES = ("s3",)
-FUTURE_SCHEMES = ("gs", "az")
+# The schemes fsspec and obstore use: S3 (and S3-compatible stores), Google Cloud Storage, and
+# Azure Blob Storage (``az://container/prefix``, the account from the environment or options).
+SUPPORTED_SCHEMES = ("s3", "gs", "az")
 
 
 @dataclass(frozen=True)
@@ -23,9 +23,9 @@ class ObjectURL:
 
 
 def scheme_of(path: str) -> str | None:
-    """The URL scheme of ``path`` when it names object storage (any of the schemes above)."""
+    """The URL scheme of ``path`` when it names object storage (one of the schemes above)."""
     scheme, separator, _ = str(path).partition("://")
-    if separator and scheme in SUPPORTED_SCHEMES + FUTURE_SCHEMES:
+    if separator and scheme in SUPPORTED_SCHEMES:
         return scheme
     return None
 

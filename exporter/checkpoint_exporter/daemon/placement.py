@@ -22,7 +22,7 @@ from checkpoint_exporter.daemon.timers import (
 from checkpoint_exporter.daemon.validator import Validator
 from checkpoint_exporter.daemon.workers import MountWorker
 from checkpoint_exporter.model import WatchedPath
-from checkpoint_exporter.sources import layouts, s3
+from checkpoint_exporter.sources import layouts, stores
 from checkpoint_exporter.sources.listing import TreeReader
 from checkpoint_exporter.sources.watch import (
     INOTIFY,
@@ -60,7 +60,7 @@ class Placement:
                 watched.path,
                 follow,
                 # An object tier's worker is its store's (endpoint and bucket), not a mount's.
-                s3.store_key(parse_object_url(watched.path).bucket, dict(options))
+                stores.store_key(parse_object_url(watched.path), dict(options))
                 if is_object_url(watched.path)
                 else self._lexical_mount(watched.path),
                 scope=configured_scope(watched.tier, policy),
@@ -174,7 +174,7 @@ class Placement:
         scope = tier.scope or SHARED
         if not self.serving.serves(scope, tier.job):
             return Placed(tier, None, "", "", None, scope)
-        reader = s3.open_reader(
+        reader = stores.open_reader(
             parse_object_url(tier.path),
             dict(tier.storage_options),
             self._network_budget,

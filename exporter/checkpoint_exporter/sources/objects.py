@@ -18,8 +18,8 @@ way: an upload is dated when a listing first saw it, and again whenever its size
 reports 2010 for every upload; a storage clock drifts). Marker contents (``latest``,
 ``trainer_state.json``) are ranged GETs of at most ``content_limit`` bytes.
 
-The store behind it is an ``ObjectStore`` (sources/s3.py for S3 and S3-compatible stores), the
-seam GCS and Azure slot in behind.
+The store behind it is an ``ObjectStore``: sources/s3.py (S3 and S3-compatible stores),
+sources/gcs.py and sources/azure.py, chosen by the URL's scheme in sources/stores.py.
 """
 
 from __future__ import annotations
@@ -106,6 +106,29 @@ class ObjectStore(Protocol):
     ) -> tuple[tuple[Upload, ...], tuple[str, str] | None]: ...
 
     def uploaded_bytes(self, upload: Upload) -> int | None: ...
+
+
+class RefusedStore:
+    """A store that could not be made (its extra not installed, plain HTTP refused, no account
+    named): every request fails with the reason, so the job reports it on every read like any
+    other store error."""
+
+    def __init__(self, error: StoreError) -> None:
+        self.error = error
+
+    def list_page(self, prefix: str, delimiter: str | None, token: str | None) -> Page:
+        raise self.error
+
+    def get_range(self, key: str, length: int) -> bytes:
+        raise self.error
+
+    def list_uploads(
+        self, prefix: str, marker: tuple[str, str] | None
+    ) -> tuple[tuple[Upload, ...], tuple[str, str] | None]:
+        raise self.error
+
+    def uploaded_bytes(self, upload: Upload) -> int | None:
+        raise self.error
 
 
 class RequestCounter:

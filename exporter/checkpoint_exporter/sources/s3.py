@@ -27,6 +27,7 @@ from checkpoint_exporter.sources.objects import (
     ObjectStore,
     ObjectTreeReader,
     Page,
+    RefusedStore,
     RequestCounter,
     StoreError,
     Upload,
@@ -185,28 +186,6 @@ class S3Store:
         return sum(int(part.get("Size", 0)) for part in answer.get("Parts", ()))
 
 
-class _Refused:
-    """A store that could not be made (plain HTTP refused, botocore missing): every request
-    fails with the reason, so the job reports it on every read like any other store error."""
-
-    def __init__(self, error: StoreError) -> None:
-        self.error = error
-
-    def list_page(self, prefix: str, delimiter: str | None, token: str | None) -> Page:
-        raise self.error
-
-    def get_range(self, key: str, length: int) -> bytes:
-        raise self.error
-
-    def list_uploads(
-        self, prefix: str, marker: tuple[str, str] | None
-    ) -> tuple[tuple[Upload, ...], tuple[str, str] | None]:
-        raise self.error
-
-    def uploaded_bytes(self, upload: Upload) -> int | None:
-        raise self.error
-
-
 def open_reader(
     url: ObjectURL, options: Mapping[str, Any], budget: OpsBudget, **reader: Any
 ) -> ObjectTreeReader:
@@ -214,7 +193,7 @@ def open_reader(
     counter = RequestCounter()
     store: ObjectStore
     if not available():
-        store = _Refused(
+        store = RefusedStore(
             StoreError(
                 LIST, "not_installed", "botocore is missing: install checkpoint-exporter[s3]"
             )
@@ -223,5 +202,5 @@ def open_reader(
         try:
             store = S3Store(url.bucket, options, counter)
         except StoreError as error:
-            store = _Refused(error)
+            store = RefusedStore(error)
     return ObjectTreeReader(url, store, counter, budget, **reader)
