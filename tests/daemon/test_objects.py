@@ -51,6 +51,10 @@ def _state(tracker: Tracker, name: str) -> JobState:
     return state
 
 
+def _requests(tracker: Tracker, name: str) -> dict[str, int]:
+    return dict(dict(tracker.snapshot.daemon.object_stores)[name].requests)
+
+
 def test_an_s3_tier_is_read_polled_and_counted(tmp_path: Path, server: MotoServer) -> None:
     client = server.client()
     client.create_bucket(Bucket="ckpt")
@@ -81,9 +85,28 @@ def test_an_s3_tier_is_read_polled_and_counted(tmp_path: Path, server: MotoServe
 
     # Polled every 30 s (object URLs' default), not the filesystem's 5 s.
     assert scanner._sources["s3job"].policy.poll_interval == 30.0
-    lists = dict(usage["s3job"].requests)["list"]
-    clocks.advance(10)
+    requests = dict(usage["s3job"].requests)
+    # A save in progress is read again every 5 s, not each second as on a filesystem: every
+    # read is billed.
+    clocks.advance(1.5)
     scanner.turn()
-    usage = dict(tracker.snapshot.daemon.object_stores)
-    # A save in progress is read again each second; the sealed step-10 is not listed again.
-    assert dict(usage["s3job"].requests)["list"] > lists
+    scanner.turn()  # a read's result is taken in on the turn after it was asked
+    assert _requests(tracker, "s3job") == requests
+    clocks.advance(3.6)
+    scanner.turn()
+    scanner.turn()
+    again = _requests(tracker, "s3job")
+    # The root, and step-10 once more: two listings that agree seal it.
+    assert (again["list"], again["list_uploads"]) == (
+        requests["list"] + 2,
+        requests["list_uploads"] + 1,
+    )
+    clocks.advance(5.1)
+    scanner.turn()
+    scanner.turn()
+    sealed = _requests(tracker, "s3job")
+    # The root alone: the sealed step-10 is not listed again.
+    assert (sealed["list"], sealed["list_uploads"]) == (
+        again["list"] + 1,
+        again["list_uploads"] + 1,
+    )

@@ -26,6 +26,7 @@ from checkpoint_exporter.sources.watch import (
     INOTIFY,
     POLL,
 )
+from checkpoint_exporter.storage_url import is_object_url
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +35,9 @@ COALESCE_SECONDS = 0.1
 # the rest are left to the hot re-stat of saves in progress and to the markers' re-stat.
 TOUCHED_PER_JOB = 4096
 HOT_RESCAN_SECONDS = 1.0  # a job with a save in progress is read this often
+# ... and in object storage, where every read is billed requests (a LIST, a ListMultipartUploads
+# and a ListParts per open upload: about 100 a second for a 100-rank save read each second).
+OBJECT_HOT_RESCAN_SECONDS = 5.0
 # Polls fall due on ticks this far apart, so the jobs polled at one interval are read in one
 # batch per tick rather than one thread wake-up each (at most this much later).
 POLL_GRID = 0.25
@@ -208,7 +212,8 @@ class Reads:
             due.append(_on_grid(tier.last_read + source.policy.poll_interval))
         effects = self._effects.get(source.name)
         if effects is not None and effects.saves_in_progress:
-            due.append(tier.last_read + HOT_RESCAN_SECONDS)
+            hot = OBJECT_HOT_RESCAN_SECONDS if is_object_url(tier.path) else HOT_RESCAN_SECONDS
+            due.append(tier.last_read + hot)
         if due:
             self._timers.at(tier.key, min(due))
         else:
