@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from unittest import mock
 
@@ -110,3 +111,36 @@ def test_an_s3_tier_is_read_polled_and_counted(tmp_path: Path, server: MotoServe
         again["list"] + 1,
         again["list_uploads"] + 1,
     )
+
+
+def test_request_counts_go_on_across_a_reload_that_places_the_tier_again(
+    tmp_path: Path, server: MotoServer
+) -> None:
+    client = server.client()
+    client.create_bucket(Bucket="again")
+    client.put_object(Bucket="again", Key="run/step-1/.metadata", Body=b"m")
+    scanner, tracker, clocks = _scanner(
+        tmp_path, "jobs:\n  - {name: j, path: 's3://again/run', layout: dcp}\n"
+    )
+    scanner.turn()
+    scanner.turn()
+    before = _requests(tracker, "j")
+    assert before["list"] >= 1
+    # The job's policy changes: it is removed and added again, its tier placed again with a new
+    # reader. Its counters are the job's, not the reader's: they go on from where they were.
+    changed = parse_config(
+        "jobs:\n  - {name: j, path: 's3://again/run', layout: dcp, poll_interval: 45s}\n",
+        base_dir=tmp_path,
+    )
+    scanner.reload(Config(**{**changed.__dict__, "spool": tmp_path / "spool"}))
+    clocks.advance(1)
+    for _ in range(3):
+        scanner.turn()
+    after = _requests(tracker, "j")
+    assert after["list"] >= before["list"] + 1  # read again, counted on top
+    assert after["list_uploads"] == before["list_uploads"] + 1
+    # A job removed takes its counts with it.
+    scanner.reload(replace(scanner.config, jobs=()))
+    scanner.turn()
+    assert "j" not in dict(tracker.snapshot.daemon.object_stores)
+    assert scanner._request_counters == {}

@@ -283,3 +283,24 @@ def test_plain_http_is_refused_without_allow_http(server: MotoServer) -> None:
     with mock.patch.dict(os.environ, {"AWS_ALLOW_HTTP": ""}), pytest.raises(StoreError) as raised:
         S3Store("bucket", {}, RequestCounter())
     assert "AWS_ALLOW_HTTP" in raised.value.reason
+
+
+def test_stores_on_one_endpoint_share_a_client_and_count_their_own_requests(
+    server: MotoServer,
+) -> None:
+    client = server.client()
+    for name in ("shared-a", "shared-b"):
+        client.create_bucket(Bucket=name)
+    first, second = RequestCounter(), RequestCounter()
+    a, b = S3Store("shared-a", {}, first), S3Store("shared-b", {}, second)
+    # One botocore client per endpoint (about 12 MiB each), not one per bucket or job.
+    assert a._client is b._client
+    a.list_page("", "/", None)
+    a.list_page("", "/", None)
+    b.list_page("", None, None)
+    assert dict(first.totals()[0]) == {"list": 2}
+    assert dict(second.totals()[0]) == {"list": 1}
+    # A store on another endpoint (here: path-style addressing) has its own.
+    assert (
+        S3Store("shared-a", {"addressing_style": "path"}, RequestCounter())._client is not a._client
+    )

@@ -263,6 +263,8 @@ class Health:
 
     def _object_store_usage(self) -> tuple[tuple[str, ObjectStoreUsage], ...]:
         """Each job's object-store requests and open uploads, its tiers' together."""
+        for key in [key for key in self._request_counters if key[0] not in self._sources]:
+            del self._request_counters[key]  # the job is gone: its series go, and its counts
         usage = []
         for name in sorted(self._object_jobs):
             source = self._sources.get(name)

@@ -24,6 +24,7 @@ from checkpoint_exporter.daemon.workers import MountWorker
 from checkpoint_exporter.model import WatchedPath
 from checkpoint_exporter.sources import layouts, stores
 from checkpoint_exporter.sources.listing import TreeReader
+from checkpoint_exporter.sources.objects import RequestCounter
 from checkpoint_exporter.sources.watch import (
     INOTIFY,
     POLL,
@@ -65,6 +66,9 @@ class Placement:
                 else self._lexical_mount(watched.path),
                 scope=configured_scope(watched.tier, policy),
                 storage_options=options,
+                requests=self._request_counters.setdefault((name, watched.tier), RequestCounter())
+                if is_object_url(watched.path)
+                else None,
             )
             for watched in paths
         ]
@@ -178,6 +182,7 @@ class Placement:
             parse_object_url(tier.path),
             dict(tier.storage_options),
             self._network_budget,
+            tier.requests or RequestCounter(),
             content_names=layouts.ALL_CONTENT_FILES,
             marker_names=layouts.MARKER_NAMES,
             max_depth=self.config.scan.max_depth,

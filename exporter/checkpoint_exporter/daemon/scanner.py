@@ -88,6 +88,7 @@ from checkpoint_exporter.daemon.workers import MountWorker, TaskFailed, WorkerFa
 from checkpoint_exporter.model import Verdict
 from checkpoint_exporter.sources import dcp_metadata
 from checkpoint_exporter.sources.listing import OpsBudget
+from checkpoint_exporter.sources.objects import RequestCounter
 from checkpoint_exporter.sources.spool import SpoolReader
 from checkpoint_exporter.sources.telemetry.node import NodeTelemetry
 from checkpoint_exporter.sources.validate import Limits
@@ -178,6 +179,8 @@ class Scanner(Placement, Discovering, Reads, Health, Validation, SpoolSide, Relo
         # Jobs whose clocks refused events, and what forgotten jobs' refused (spool_dropped).
         self._dropping: set[str] = set()
         self._object_jobs: set[str] = set()  # jobs with a tier in object storage (health.py)
+        # Their request counters by (job, tier), kept while the job is (placement.py).
+        self._request_counters: dict[tuple[str, str], RequestCounter] = {}
         self._dropped_by_forgotten: Counter[str] = Counter()
         self._republish = True
         self._health: tuple[object, ...] | None = None  # ready, first_scans, mounts, scan_success

@@ -11,7 +11,7 @@ from checkpoint_exporter.daemon.timers import ScanDue
 from checkpoint_exporter.model import DURABLE
 from checkpoint_exporter.sources import layouts
 from checkpoint_exporter.sources.listing import TreeReader
-from checkpoint_exporter.sources.objects import ObjectTreeReader
+from checkpoint_exporter.sources.objects import ObjectTreeReader, RequestCounter
 from checkpoint_exporter.sources.telemetry.filesystem import ProbeState
 
 # A filesystem task (a read, a stat) that completes no metadata operation for this long marks
@@ -63,6 +63,9 @@ class Tier:
     unreadable: int = 0  # directories its last read could not read
     # An object URL's connection (config.JobConfig.storage_options); () for a directory.
     storage_options: tuple[tuple[str, object], ...] = ()
+    # An object tier's requests, counted across its readers: placed again (a reload that changed
+    # the job, a failed placement) it keeps counting where it was, as a Prometheus counter must.
+    requests: RequestCounter | None = None
 
     @cached_property
     def key(self) -> ScanDue:

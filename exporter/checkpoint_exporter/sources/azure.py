@@ -21,8 +21,11 @@ def store_key(bucket: str, options: Mapping[str, Any]) -> str:
 
 
 def open_reader(
-    url: ObjectURL, options: Mapping[str, Any], budget: OpsBudget, **reader: Any
+    url: ObjectURL,
+    options: Mapping[str, Any],
+    budget: OpsBudget,
+    counter: RequestCounter,
+    **reader: Any,
 ) -> ObjectTreeReader:
-    counter = RequestCounter()
     store = RefusedStore(StoreError(LIST, "not_implemented", "azure:// is not read yet"))
     return ObjectTreeReader(url, store, counter, budget, **reader)

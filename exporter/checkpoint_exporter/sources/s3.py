@@ -13,6 +13,7 @@ through its ``request-created`` event; an answer that is an error is counted by 
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -47,6 +48,8 @@ CONNECT_TIMEOUT_SECONDS = 5.0
 READ_TIMEOUT_SECONDS = 30.0
 MAX_ATTEMPTS = 3  # botocore's standard retry mode backs off between them (throttling too)
 PAGE_KEYS = 1000
+# Connections a shared client keeps: one per worker (endpoint and bucket) reading through it.
+MAX_POOL_CONNECTIONS = 32
 
 
 def available() -> bool:
@@ -78,13 +81,48 @@ def store_key(bucket: str, options: Mapping[str, Any]) -> str:
     return f"s3://{endpoint_url(options) or 'aws'}/{bucket}"
 
 
+# One botocore client per endpoint, region and addressing style, shared by every bucket and job
+# that names them: a client costs about 12 MiB and 0.2 s to make (its own copy of the S3 service
+# model), so one per tier was 1.2 GiB at 100 jobs. Clients are thread-safe; the request they send
+# is counted for the store whose call is running on that thread (``_calling``).
+_clients: dict[tuple[str | None, str | None, str], Any] = {}
+_clients_lock = threading.Lock()
+_calling = threading.local()
+
+
+def _client(endpoint: str | None, region: str | None, addressing_style: str) -> Any:
+    key = (endpoint, region, addressing_style)
+    with _clients_lock:
+        client = _clients.get(key)
+        if client is None:
+            import botocore.session
+            from botocore.config import Config as BotoConfig
+
+            config = BotoConfig(
+                connect_timeout=CONNECT_TIMEOUT_SECONDS,
+                read_timeout=READ_TIMEOUT_SECONDS,
+                retries={"max_attempts": MAX_ATTEMPTS, "mode": "standard"},
+                s3={"addressing_style": addressing_style},
+                max_pool_connections=MAX_POOL_CONNECTIONS,
+            )
+            client = botocore.session.get_session().create_client(
+                "s3", endpoint_url=endpoint, region_name=region, config=config
+            )
+            client.meta.events.register("request-created.s3", _count)
+            _clients[key] = client
+        return client
+
+
+def _count(operation_name: str = "", **_: Any) -> None:
+    counter = getattr(_calling, "counter", None)
+    if counter is not None:
+        counter.request(_OPERATIONS.get(operation_name, operation_name.lower()))
+
+
 class S3Store:
-    """One bucket, one botocore client (thread-safe; used from one worker thread)."""
+    """One bucket, read through the client its endpoint shares (from one worker thread)."""
 
     def __init__(self, bucket: str, options: Mapping[str, Any], counter: RequestCounter) -> None:
-        import botocore.session
-        from botocore.config import Config as BotoConfig
-
         endpoint = endpoint_url(options)
         if endpoint and endpoint.startswith("http://") and not allows_http(options):
             raise StoreError(
@@ -92,29 +130,15 @@ class S3Store:
                 f"{endpoint} is plain HTTP: set AWS_ALLOW_HTTP=true (or allow_http: true in "
                 "storage_options) to allow it",
             )  # fmt: skip
-        session = botocore.session.get_session()
-        config = BotoConfig(
-            connect_timeout=CONNECT_TIMEOUT_SECONDS,
-            read_timeout=READ_TIMEOUT_SECONDS,
-            retries={"max_attempts": MAX_ATTEMPTS, "mode": "standard"},
-            s3={"addressing_style": options.get("addressing_style", "auto")},
-        )
         self.bucket = bucket
         self.counter = counter
-        self._client = session.create_client(
-            "s3",
-            endpoint_url=endpoint,
-            region_name=options.get("region") or os.environ.get("AWS_REGION") or None,
-            config=config,
-        )
-        self._client.meta.events.register("request-created.s3", self._count)
-
-    def _count(self, operation_name: str = "", **_: Any) -> None:
-        self.counter.request(_OPERATIONS.get(operation_name, operation_name.lower()))
+        region = options.get("region") or os.environ.get("AWS_REGION") or None
+        self._client = _client(endpoint, region, options.get("addressing_style", "auto"))
 
     def _call(self, operation: str, method: str, **kwargs: Any) -> dict[str, Any]:
         from botocore.exceptions import BotoCoreError, ClientError
 
+        _calling.counter = self.counter
         try:
             return getattr(self._client, method)(Bucket=self.bucket, **kwargs)
         except ClientError as error:
@@ -130,6 +154,8 @@ class S3Store:
                 error).__name__  # fmt: skip
             self.counter.error(operation, code)
             raise StoreError(operation, code, str(error)) from None
+        finally:
+            _calling.counter = None
 
     def list_page(self, prefix: str, delimiter: str | None, token: str | None) -> Page:
         kwargs: dict[str, Any] = {"Prefix": prefix, "MaxKeys": PAGE_KEYS}
@@ -187,10 +213,13 @@ class S3Store:
 
 
 def open_reader(
-    url: ObjectURL, options: Mapping[str, Any], budget: OpsBudget, **reader: Any
+    url: ObjectURL,
+    options: Mapping[str, Any],
+    budget: OpsBudget,
+    counter: RequestCounter,
+    **reader: Any,
 ) -> ObjectTreeReader:
     """The tree reader of an ``s3://`` tier (on its worker: making a client reads files)."""
-    counter = RequestCounter()
     store: ObjectStore
     if not available():
         store = RefusedStore(

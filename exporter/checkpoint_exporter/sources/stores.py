@@ -10,7 +10,7 @@ from typing import Any
 
 from checkpoint_exporter.sources import azure, gcs, s3
 from checkpoint_exporter.sources.listing import OpsBudget
-from checkpoint_exporter.sources.objects import ObjectTreeReader
+from checkpoint_exporter.sources.objects import ObjectTreeReader, RequestCounter
 from checkpoint_exporter.storage_url import ObjectURL
 
 _BY_SCHEME: dict[str, ModuleType] = {"s3": s3, "gs": gcs, "az": azure}
@@ -23,8 +23,14 @@ def store_key(url: ObjectURL, options: Mapping[str, Any]) -> str:
 
 
 def open_reader(
-    url: ObjectURL, options: Mapping[str, Any], budget: OpsBudget, **reader: Any
+    url: ObjectURL,
+    options: Mapping[str, Any],
+    budget: OpsBudget,
+    counter: RequestCounter,
+    **reader: Any,
 ) -> ObjectTreeReader:
-    """The tree reader of one object tier (on its worker: making a client may read files)."""
-    opened: ObjectTreeReader = _BY_SCHEME[url.scheme].open_reader(url, options, budget, **reader)
+    """The tree reader of one object tier (on its worker: making a client may read files),
+    counting its requests in ``counter``, which outlives it."""
+    module = _BY_SCHEME[url.scheme]
+    opened: ObjectTreeReader = module.open_reader(url, options, budget, counter, **reader)
     return opened
