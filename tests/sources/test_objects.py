@@ -153,6 +153,9 @@ def test_an_open_multipart_upload_is_a_file_being_written(server: MotoServer, bu
     assert {item.id: item.state for item in found}["step-2"] == WRITING
     usage = reader.usage()
     assert (usage.incomplete_uploads, usage.oldest_incomplete_upload) == (1, clock.now)
+    # Every request is progress for the stuck-worker check, ListParts included.
+    assert reader.requests_made == sum(dict(usage.requests).values())
+    assert dict(usage.requests)["list_parts"] == 1
     first_seen = clock.now
     client.upload_part(
         Bucket=bucket, Key="job/step-2/__0_0.distcp", UploadId=upload["UploadId"],

@@ -22,6 +22,7 @@ from checkpoint_exporter.model import COMMITTED
 from checkpoint_exporter.sources import layouts
 from checkpoint_exporter.sources.layouts.base import Options
 from checkpoint_exporter.sources.listing import TreeReader
+from checkpoint_exporter.sources.objects import ObjectTreeReader
 from checkpoint_exporter.sources.watch import (
     INOTIFY,
     POLL,
@@ -142,8 +143,8 @@ class Reads:
             readers = [tier.reader for _, tier in reads if tier.reader is not None]
             tiers = [tier for _, tier in reads]
 
-            def progress(readers: list[TreeReader] = readers) -> int:
-                return sum(reader.entries_read for reader in readers)
+            def progress(readers: list[TreeReader | ObjectTreeReader] = readers) -> int:
+                return sum(_progress(reader) for reader in readers)
 
             def batch(reads: list[tuple[Callable[[], Read], Tier]] = reads) -> list[Read]:
                 return [read() for read, _ in reads]
@@ -218,6 +219,14 @@ class Reads:
             self._timers.at(tier.key, min(due))
         else:
             self._timers.cancel(tier.key)
+
+
+def _progress(reader: TreeReader | ObjectTreeReader) -> int:
+    """What a reader has done so far: entries listed, and an object store's requests (a read of
+    a hundred ListParts lists no entry, and is not stuck)."""
+    if isinstance(reader, ObjectTreeReader):
+        return reader.entries_read + reader.requests_made
+    return reader.entries_read
 
 
 def _read_tier(

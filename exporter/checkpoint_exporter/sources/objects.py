@@ -209,6 +209,9 @@ class ObjectTreeReader:
         self.clock = clock
         self.tree: Dir | None = None
         self.entries_read = 0
+        # Requests made, answered or not: what the stuck-worker check counts as progress, since a
+        # read may be a hundred ListParts and ranged GETs with no new entry listed.
+        self.requests_made = 0
         # Every open upload, by (key, upload id), in the store's order: by key, then the oldest
         # first (S3 lists several uploads of one key by initiation).
         self._uploads: dict[tuple[str, str], _Seen] = {}
@@ -459,6 +462,7 @@ class ObjectTreeReader:
         if state.requests >= self.max_requests:
             raise OverBudget()
         state.requests += 1
+        self.requests_made += 1
         self.budget.spend()
 
     def _failed(self, stats: ScanStats, reason: str, key: str = "") -> None:
