@@ -73,9 +73,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from checkpoint_exporter import instrument
-from checkpoint_exporter.config import Config, Policy
+from checkpoint_exporter.config import Config, JobConfig, Policy
 from checkpoint_exporter.model import COMMITTED, WRITING, restore_preference
-from checkpoint_exporter.sources import dcp_metadata, fsread, layouts
+from checkpoint_exporter.sources import dcp_metadata, fsread, layouts, stores
 from checkpoint_exporter.sources.dcp_metadata import MetadataError
 from checkpoint_exporter.sources.layouts.base import (
     DCP,
@@ -86,8 +86,11 @@ from checkpoint_exporter.sources.layouts.base import (
     Options,
 )
 from checkpoint_exporter.sources.listing import Dir, OpsBudget, TreeReader
+from checkpoint_exporter.sources.objects import RequestCounter
 from checkpoint_exporter.sources.untrusted import json_value
 from checkpoint_exporter.sources.validate import Limits, validate
+from checkpoint_exporter.sources.validate_objects import Fetch, validate_listing
+from checkpoint_exporter.storage_url import ObjectURL, is_object_url, parse_object_url
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NOT_FULL = 0, 1, 2, 3
 # The shipped units allow the drill 20 GiB (MemoryMax=, the CronJob's limit): the bound, plus
@@ -116,21 +119,28 @@ class _Unavailable(Exception):
 @dataclass(frozen=True)
 class Target:
     job: str
-    root: Path  # the durable tier root
+    root: Path | ObjectURL  # the durable tier root: a directory, or a prefix in object storage
     layout: str
     generation: Found
     tree: Dir | None = None  # the listing the generation was found in: sizes for its checks
+    fetch: Fetch | None = None  # in object storage: a ranged read below the root
+
+    def path_of(self, relative: str) -> str:
+        if isinstance(self.root, ObjectURL):
+            return f"{self.root}/{relative}"
+        return str(self.root / relative)
 
 
-def find_job(config: Config, name: str) -> tuple[Path, Policy]:
-    """(durable path, policy) of a configured or discovered job."""
+def find_job(config: Config, name: str) -> tuple[Path | ObjectURL, Policy, JobConfig | None]:
+    """(durable path, policy, its config entry) of a configured or discovered job."""
     for job in config.jobs:
         if job.name == name:
-            return job.path, job.policy
+            path = parse_object_url(str(job.path)) if is_object_url(job.path) else job.path
+            return path, job.policy, job
     for entry in config.discover:
         candidate = Path(entry.root) / name
         if candidate.is_dir() and not candidate.is_symlink():
-            return candidate, entry.policy
+            return candidate, entry.policy, None
     raise LookupError(f"no job named {name!r} in the config or under its discover roots")
 
 
@@ -146,8 +156,8 @@ def _restorable(found: Found, settle: float, now: float) -> Found | None:
 
 def pick(config: Config, job: str, generation: str | None) -> Target:
     """The generation to restore: the one named, or the one a restart would pick."""
-    root, policy = find_job(config, job)
-    tree, _ = TreeReader(root, OpsBudget(), layouts.ALL_CONTENT_FILES).read()
+    root, policy, entry = find_job(config, job)
+    tree, fetch = _list(root, entry.storage_options if entry is not None else ())
     if tree is None:
         raise DrillFailed(f"{root} cannot be read")
     layout = policy.layout if policy.layout != "auto" else layouts.detect(tree)
@@ -162,11 +172,30 @@ def pick(config: Config, job: str, generation: str | None) -> Target:
             raise DrillFailed(f"{root}: no generation {generation!r}")
         if generation not in restorable:
             raise DrillFailed(f"generation {generation!r} is {match[0].state}, not committed")
-        return Target(job, root, layout, restorable[generation], tree)
+        return Target(job, root, layout, restorable[generation], tree, fetch)
     committed = list(restorable.values())
     if not committed:
         raise DrillFailed(f"{root}: no committed generation to restore")
-    return Target(job, root, layout, max(committed, key=restore_preference), tree)
+    return Target(job, root, layout, max(committed, key=restore_preference), tree, fetch)
+
+
+def _list(
+    root: Path | ObjectURL, options: tuple[tuple[str, object], ...]
+) -> tuple[Dir | None, Fetch | None]:
+    """The job's tree: a directory walked, or a prefix listed (as the daemon reads it, through
+    the same store client and request budget; a store's refusal is the drill's failure), with
+    its ranged reads."""
+    if not isinstance(root, ObjectURL):
+        tree, _ = TreeReader(root, OpsBudget(), layouts.ALL_CONTENT_FILES).read()
+        return tree, None
+    reader = stores.open_reader(
+        root, dict(options), OpsBudget(), RequestCounter(),
+        content_names=layouts.ALL_CONTENT_FILES, marker_names=layouts.MARKER_NAMES,
+    )  # fmt: skip
+    tree, stats = reader.read(force=True)
+    if stats.errors:
+        raise DrillFailed(f"{root} cannot be listed: {stats.errors[0][1]}")
+    return tree, reader.fetch
 
 
 def _introduce(target: Target, say: Callable[[str], None]) -> None:
@@ -181,10 +210,15 @@ def _structural(target: Target, say: Callable[[str], None]) -> None:
     found = target.generation
     if found.invalid:
         raise DrillFailed(f"structural check failed: {found.reason}: found by the layout")
-    verdict = validate(str(target.root), found.checks, Limits(), target.tree)
+    if isinstance(target.root, ObjectURL):
+        # What the listing's sizes prove; the verdict says what it leaves unchecked.
+        verdict = validate_listing(found.checks, target.tree, target.fetch)
+    else:
+        verdict = validate(str(target.root), found.checks, Limits(), target.tree)
     if not verdict.valid:
         raise DrillFailed(f"structural check failed: {verdict.reason}: {verdict.detail}")
-    say(f"  structural check passed ({len(found.checks)} checks)")
+    say(f"  structural check passed ({len(found.checks)} checks)"
+        + (f"; {verdict.detail}" if verdict.detail else ""))  # fmt: skip
 
 
 # --- the full load, in a child process ----------------------------------------------------------
@@ -263,8 +297,14 @@ def _start_loader(
     target: Target, max_bytes: int, say: Callable[[str], None]
 ) -> tuple[_Loader | None, str | None]:
     """The worker, ready to load, or why --full cannot run here (said at once)."""
+    if isinstance(target.root, ObjectURL):
+        reason = (
+            "--full reads local files: a generation in object storage gets the structural drill"
+        )
+        say(f"{reason}")
+        return None, reason
     checks = target.generation.checks
-    loads = [(c.kind, str(target.root / c.path)) for c in checks if c.kind in _LOADABLE]
+    loads = [(c.kind, target.path_of(c.path)) for c in checks if c.kind in _LOADABLE]
     if not loads:
         reason = f"nothing in this {target.layout} generation that --full can load"
         say(f"{reason} (DCP, torch.save or safetensors files): running the structural drill")
@@ -353,7 +393,7 @@ def run_drill(
         if full:
             loader, not_full = _start_loader(target, max_bytes, say)
     step = target.generation.step if target else None
-    path = str(target.root / target.generation.id) if target else None
+    path = target.path_of(target.generation.id) if target else None
     started = time.monotonic()
     try:
         with instrument.restoring(

@@ -11,6 +11,7 @@ from checkpoint_exporter.core.inputs import Effects, Input, Tick, VerdictIn, Win
 from checkpoint_exporter.daemon.state import Source
 from checkpoint_exporter.daemon.timers import JobDue
 from checkpoint_exporter.daemon.validator import RETRY_UNCHECKED_SECONDS
+from checkpoint_exporter.sources.objects import ObjectTreeReader
 
 
 class Validation:
@@ -36,8 +37,9 @@ class Validation:
             tier = tiers.get(request.tier)
             if tier is not None and tier.reader is not None:
                 reader = tier.reader
+                fetch = reader.fetch if isinstance(reader, ObjectTreeReader) else None
                 self._validators[tier.worker].submit(
-                    request, tier.path, reader.follow_root_symlink, reader.tree
+                    request, tier.path, reader.follow_root_symlink, reader.tree, fetch
                 )
         for tier_name in effects.rescan:  # read again: the move shows up, or it is judged again
             if (tier := tiers.get(tier_name)) is not None:

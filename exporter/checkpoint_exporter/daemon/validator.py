@@ -26,8 +26,8 @@ from checkpoint_exporter.core.tracker import ValidationRequest
 from checkpoint_exporter.model import Check, Verdict
 from checkpoint_exporter.sources import fsread
 from checkpoint_exporter.sources.listing import Dir
-from checkpoint_exporter.sources.objects import check_listing
 from checkpoint_exporter.sources.validate import Limits, validate
+from checkpoint_exporter.sources.validate_objects import Fetch, validate_listing
 from checkpoint_exporter.storage_url import is_object_url
 
 log = logging.getLogger(__name__)
@@ -154,17 +154,25 @@ class Validator:
         root: str,
         follow_root: bool = True,
         tree: Dir | None = None,
+        fetch: Fetch | None = None,
     ) -> None:
         """``follow_root``: whether ``root`` itself may be a symlink (a configured root);
-        ``tree``: the tier's latest listing, whose sizes the checks start from."""
-        self._requests.put(request.job, (request, root, follow_root, tree))
+        ``tree``: the tier's latest listing, whose sizes the checks start from; ``fetch``: an
+        object tier's ranged reads, for the checks that read contents."""
+        self._requests.put(request.job, (request, root, follow_root, tree, fetch))
 
     def _run(self) -> None:
         while (item := self._requests.get()) is not None and not self._stopping.is_set():
-            request, root, follow_root, tree = item
+            request, root, follow_root, tree, fetch = item
             if is_object_url(root):
-                # No file to open: the checks the listing's sizes allow, on the latest listing.
-                self._put(request, check_listing(request.found.checks, tree))
+                # No file to open: the listing's sizes, and DCP's metadata by a ranged read.
+                started = time.monotonic()
+                verdict = validate_listing(
+                    request.found.checks, tree, fetch,
+                    self.limits.metadata_bytes, self.limits.metadata_parser,
+                )  # fmt: skip
+                self._requests.charge(request.job, time.monotonic() - started)
+                self._put(request, verdict)
                 continue
             target = os.path.join(root, request.generation)
             before = _identity(target)

@@ -30,16 +30,12 @@ import time
 import zlib
 from array import array
 from collections import Counter
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from checkpoint_exporter.model import (
-    MISSING_SHARD,
-    TRUNCATED_SHARD,
-    Check,
     ObjectStoreUsage,
-    Verdict,
 )
 from checkpoint_exporter.sources.listing import DIR, FILE, Dir, OpsBudget, ScanStats
 from checkpoint_exporter.storage_url import ObjectURL
@@ -260,6 +256,12 @@ class ObjectTreeReader:
             self._quiet_until = now + min(longest, first * 2 ** (self._failures - 1))
             self._last_errors = list(state.stats.errors)
         return self.tree, state.stats
+
+    def fetch(self, relative: str, limit: int) -> bytes:
+        """The first ``limit`` bytes of one object below the prefix: one ranged GET, counted
+        (the content checks of a generation: DCP's metadata)."""
+        self.requests_made += 1
+        return self.store.get_range(self.url.prefix + relative, limit)
 
     def usage(self) -> ObjectStoreUsage:
         requests, errors = self.counter.totals()
@@ -511,26 +513,3 @@ def _keep_unchanged(old: Dir | None, new: Dir) -> Dir:
         new.mtime_ns, new.names, new.kinds, new.sizes, new.mtimes, subdirs, new.contents, None,
         new.stat_at, new.stamps,
     )  # fmt: skip
-
-
-def check_listing(checks: Sequence[Check], tree: Dir | None) -> Verdict:
-    """The structural checks of a generation kept in object storage, as far as the listing's
-    sizes take them: each checked path is listed, and a checked file is not empty. What needs
-    the files' contents (DCP metadata against its shards, zip trailers, safetensors headers,
-    checksums) is not run yet, and the verdict says so."""
-    if tree is None:
-        return Verdict(False, None, "not checked: no listing", unchecked=True)
-    for check in checks:
-        parent, _, name = check.path.rpartition("/")
-        directory = tree.directory_of(parent) if parent else tree
-        is_dir = directory is not None and name in directory.subdirs
-        if check.path in ("", ".") or is_dir:
-            continue
-        listed = directory.file(name) if directory is not None else None
-        if listed is None:
-            return Verdict(False, MISSING_SHARD, f"{check.path} is not in the listing")
-        if listed[0] == 0:
-            return Verdict(False, TRUNCATED_SHARD, f"{check.path} is an empty object")
-    kinds = sorted({check.kind for check in checks})
-    detail = f"object storage: listed sizes only, content checks not run ({', '.join(kinds)})"
-    return Verdict(True, detail=detail if kinds else "")
