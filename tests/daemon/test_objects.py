@@ -144,3 +144,52 @@ def test_request_counts_go_on_across_a_reload_that_places_the_tier_again(
     scanner.turn()
     assert "j" not in dict(tracker.snapshot.daemon.object_stores)
     assert scanner._request_counters == {}
+
+
+def _local_generation(root: Path, name: str, size: int) -> None:
+    (root / name).mkdir(parents=True)
+    (root / name / "__0_0.distcp").write_bytes(b"x" * size)
+    (root / name / ".metadata").write_bytes(b"m")
+
+
+def test_local_staging_draining_to_s3_gives_backlog_drained_and_lost(
+    tmp_path: Path, server: MotoServer
+) -> None:
+    """The articles' "local disks, then upload in the background": an NVMe staging directory
+    and an s3:// durable tier are matched generation by generation, as two directories are."""
+    client = server.client()
+    client.create_bucket(Bucket="drain")
+    nvme = tmp_path / "nvme"
+    for name in ("step-10", "step-20"):
+        _local_generation(nvme, name, 100)
+    client.put_object(Bucket="drain", Key="run/step-10/__0_0.distcp", Body=b"x" * 100)
+    client.put_object(Bucket="drain", Key="run/step-10/.metadata", Body=b"m")
+    scanner, tracker, clocks = _scanner(
+        tmp_path,
+        f"jobs:\n  - {{name: two, path: 's3://drain/run', staging: '{nvme}', layout: dcp,"
+        " watch: poll}\n",  # no watcher in a turn-by-turn test: the NVMe is polled too
+    )
+
+    def settle(seconds: float) -> JobState:
+        clocks.advance(seconds)
+        for _ in range(3):
+            scanner.turn()
+        return _state(tracker, "two")
+
+    state = settle(0)
+    assert (state.drain_backlog_generations, state.drain_backlog_bytes) == (1, 101)  # step-20
+    # The upload finishes: drained, nothing waits.
+    client.put_object(Bucket="drain", Key="run/step-20/__0_0.distcp", Body=b"x" * 100)
+    client.put_object(Bucket="drain", Key="run/step-20/.metadata", Body=b"m")
+    state = settle(31)
+    assert (state.drain_backlog_generations, state.drained_bytes) == (0, 101)
+    assert state.lost_generations == 0
+    # step-30 is staged, then removed from the NVMe before it ever reached the bucket: lost.
+    _local_generation(nvme, "step-30", 100)
+    state = settle(31)
+    assert state.drain_backlog_generations == 1
+    for path in sorted((nvme / "step-30").iterdir()):
+        path.unlink()
+    (nvme / "step-30").rmdir()
+    state = settle(31)
+    assert (state.drain_backlog_generations, state.lost_generations) == (0, 1)
