@@ -573,7 +573,7 @@ SECTION_KEYS = {
     ),
 }  # fmt: skip
 JOB_KEYS = ("name", "path", "staging", *POLICY_KEYS, "storage_options")
-DISCOVER_KEYS = ("root", "max_jobs", "forget_after", *POLICY_KEYS)
+DISCOVER_KEYS = ("root", "max_jobs", "forget_after", *POLICY_KEYS, "storage_options")
 TOP_KEYS = (*SECTION_KEYS, "spool", "spool_retention", "jobs", "discover")
 
 EVERY_KEY = """

@@ -54,7 +54,7 @@ def test_an_option_of_another_store_is_refused_naming_the_store_it_is_for() -> N
     )
     assert problem == (
         "f.yaml:2: jobs[0].storage_options.account_name: is for az:// only; "
-        "this job's object URLs are gs://"
+        "the object URLs here are gs://"
     )
     (job,) = parse_config(
         "jobs:\n  - {name: a, path: 'az://c/x', storage_options: {account_name: acct}}"
@@ -66,11 +66,25 @@ def test_an_option_of_another_store_is_refused_naming_the_store_it_is_for() -> N
     assert "account_name: expected 3 to 24 lower-case letters and digits" in problem
 
 
-def test_object_discover_roots_and_storage_options_on_a_directory_are_refused() -> None:
-    (problem,) = _problems("discover:\n  - {root: 's3://b/x'}")
-    assert "object-store discover roots are not supported yet" in problem
+def test_an_object_discover_root_is_polled_every_30_seconds_with_its_options() -> None:
+    (entry,) = parse_config(
+        "discover:\n  - {root: 's3://b//runs/', storage_options: {endpoint_url: 'http://s:9000'}}"
+    ).discover
+    assert str(entry.root) == "s3://b/runs"
+    assert entry.policy.poll_interval == OBJECT_POLL_INTERVAL
+    assert dict(entry.storage_options) == {"endpoint_url": "http://s:9000"}
+    (problem,) = _problems(
+        "discover:\n  - {root: 'gs://b/runs', storage_options: {account_name: acct}}"
+    )
+    assert problem.endswith("discover[0].storage_options.account_name: is for az:// only; "
+                            "the object URLs here are gs://")  # fmt: skip
+
+
+def test_storage_options_beside_a_directory_are_refused() -> None:
     (problem,) = _problems("jobs:\n  - {name: a, path: /tmp, storage_options: {region: x}}")
     assert "storage_options: is for object URLs" in problem
+    (problem,) = _problems("discover:\n  - {root: /tmp, storage_options: {region: x}}")
+    assert "discover[0].storage_options: is for object URLs" in problem
 
 
 @pytest.mark.parametrize(

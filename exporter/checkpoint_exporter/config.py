@@ -236,17 +236,6 @@ def _object_or_path(path: Parser) -> Parser:
     return parse
 
 
-def _no_object_url(path: Parser) -> Parser:
-    """A discover root: a directory (object-store roots are not supported yet)."""
-
-    def parse(value: object) -> Path:
-        if is_object_url(text(value)):
-            raise ValueError(f"{text(value)}: object-store discover roots are not supported yet")
-        return path(value)
-
-    return parse
-
-
 def _storage_options(value: object) -> tuple[tuple[str, object], ...]:
     """How to reach a job's object store; a key that looks like a secret is refused."""
     if not isinstance(value, dict):
@@ -501,10 +490,14 @@ class JobConfig:
 
 @dataclass(frozen=True)
 class DiscoverConfig:
-    root: Path = field(metadata=_path(required=True))
+    root: Path = field(metadata=_path(required=True))  # or an object URL's text
     max_jobs: int = field(default=200, metadata=_key(whole_number(1, MAX_COUNT)))
     forget_after: float = field(default=86400.0, metadata=_duration())
     policy: Policy = field(default_factory=Policy, metadata=_inline(Policy))
+    # An object-store root's connection, given to every job found under it; no secrets.
+    storage_options: tuple[tuple[str, object], ...] = field(
+        default=(), metadata=_key(_storage_options, dump=dict)
+    )
 
 
 @dataclass(frozen=True)
@@ -908,22 +901,29 @@ def _jobs(
                 )
             watched.setdefault(resolved, (*at, tier_key))
         objects = [key for key in ("path", "staging") if is_object_url(values.get(key, ""))]
-        if values.get("storage_options") and not objects:
-            problems.add((*at, "storage_options"), "is for object URLs (s3://): path names none")
-        schemes = {scheme_of(values[key]) for key in objects}
-        for name, _ in values.get("storage_options") or () if objects else ():
-            if SCHEME_OPTIONS.get(name, "") not in ("", *schemes):
-                problems.add(
-                    (*at, "storage_options", name),
-                    f"is for {SCHEME_OPTIONS[name]}:// only; this job's object URLs are "
-                    + ", ".join(f"{scheme}://" for scheme in sorted(schemes)),
-                )
+        _check_storage_options(problems, at, values, {scheme_of(values[key]) for key in objects})
         if all(key in values for key in required):
             policy = _policy(values, defaults)
             if objects and "poll_interval" not in values and "poll_interval" not in stated_defaults:
                 policy = replace(policy, poll_interval=OBJECT_POLL_INTERVAL)
             jobs.append(JobConfig(**_values_of(JobConfig, values), policy=policy))
     return tuple(jobs)
+
+
+def _check_storage_options(
+    problems: Problems, at: KeyPath, values: dict[str, Any], schemes: set[str | None]
+) -> None:
+    """``storage_options`` only beside an object URL, each option for its own kind of store."""
+    if values.get("storage_options") and not schemes:
+        problems.add((*at, "storage_options"), "is for object URLs (s3://): path names none")
+        return
+    for name, _ in values.get("storage_options") or ():
+        if SCHEME_OPTIONS.get(name, "") not in ("", *schemes):
+            problems.add(
+                (*at, "storage_options", name),
+                f"is for {SCHEME_OPTIONS[name]}:// only; the object URLs here are "
+                + ", ".join(f"{scheme}://" for scheme in sorted(map(str, schemes))),
+            )
 
 
 def _discover(
@@ -935,7 +935,7 @@ def _discover(
     stated_defaults: set[str],
     serving: Serving,
 ) -> tuple[DiscoverConfig, ...]:
-    table = key_fields(DiscoverConfig, _no_object_url(path))
+    table = key_fields(DiscoverConfig, _object_or_path(path))
     entries: list[DiscoverConfig] = []
     checks = _DirectoryChecks()
     for index, entry in enumerate(_list(problems, raw, "discover")):
@@ -943,9 +943,13 @@ def _discover(
         values = problems.check(entry, at, table)
         if "root" not in values:
             continue
-        if _checked(serving, values.get("scope", defaults.scope), None):
+        scheme = scheme_of(str(values["root"]))
+        _check_storage_options(problems, at, values, {scheme} - {None})
+        if scheme is None and _checked(serving, values.get("scope", defaults.scope), None):
             _readable_directory(problems, notes, (*at, "root"), values["root"], checks)
         policy = _policy(values, defaults)
+        if scheme and "poll_interval" not in values and "poll_interval" not in stated_defaults:
+            policy = replace(policy, poll_interval=OBJECT_POLL_INTERVAL)
         if "page" not in values and "page" not in stated_defaults:
             # Every run under a root is held to the objectives stated for the root; where none
             # were, the built-in defaults are a guess, and a guess must not page anyone.

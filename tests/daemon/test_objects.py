@@ -193,3 +193,35 @@ def test_local_staging_draining_to_s3_gives_backlog_drained_and_lost(
     (nvme / "step-30").rmdir()
     state = settle(31)
     assert (state.drain_backlog_generations, state.lost_generations) == (0, 1)
+
+
+def test_runs_under_an_object_discover_root_are_jobs_read_with_its_connection(
+    tmp_path: Path, server: MotoServer
+) -> None:
+    client = server.client()
+    client.create_bucket(Bucket="runs")
+    for run in ("llama-a", "llama-b"):
+        client.put_object(Bucket="runs", Key=f"team/{run}/step-5/__0_0.distcp", Body=b"x" * 10)
+        client.put_object(Bucket="runs", Key=f"team/{run}/step-5/.metadata", Body=b"m")
+    scanner, tracker, clocks = _scanner(
+        tmp_path,
+        "discover:\n  - {root: 's3://runs/team', layout: dcp, max_jobs: 1,"
+        f" storage_options: {{endpoint_url: '{server.endpoint}', allow_http: true}}}}\n",
+    )
+    for _ in range(4):
+        scanner.turn()
+    # Both runs dated by the same first listing: the first by name is watched, the other over
+    # max_jobs; the job reads its prefix with the root's storage_options.
+    (state,) = [s for s in tracker.snapshot.jobs]
+    assert state.name == "llama-a"
+    assert [p.path for p in state.paths] == ["s3://runs/team/llama-a"]
+    assert {g.id: g.bytes for g in state.generations} == {"step-5": 11}
+    assert dict(scanner._sources["llama-a"].tiers[0].storage_options)["allow_http"] is True
+    assert scanner._discoveries[0].excess == 1
+    # A run that appears later is newer: once llama-a has been idle past its interval and
+    # deadline, it makes room for it.
+    clocks.advance(20 * 60)
+    client.put_object(Bucket="runs", Key="team/llama-c/step-1/.metadata", Body=b"m")
+    for _ in range(4):
+        scanner.turn()
+    assert [s.name for s in tracker.snapshot.jobs] == ["llama-c"]

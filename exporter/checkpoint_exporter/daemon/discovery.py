@@ -23,7 +23,10 @@ from checkpoint_exporter.daemon.timers import (
     StuckCheck,
 )
 from checkpoint_exporter.model import DURABLE, WatchedPath
-from checkpoint_exporter.sources import fsread
+from checkpoint_exporter.sources import fsread, stores
+from checkpoint_exporter.sources.listing import OpsBudget
+from checkpoint_exporter.sources.objects import RequestCounter, StoreError
+from checkpoint_exporter.storage_url import is_object_url, parse_object_url
 
 log = logging.getLogger(__name__)
 
@@ -55,17 +58,27 @@ class Discovering:
             self._listed(Listed(discovery, found))
             return
         root = str(discovery.entry.root)
-        worker = self._worker(self._lexical_mount(root))
+        worker = self._worker(self._root_worker(discovery.entry))
         if worker.stuck:
             return
         discovery.listing = True
         known = frozenset(n for n, src in self._sources.items() if src.discovered_from == root)
+        budget, clock = self._network_budget, self.clock
         worker.submit(
-            lambda: _list_jobs(discovery, root, known),
+            (lambda: _list_object_jobs(discovery, budget, clock()))
+            if is_object_url(root)
+            else (lambda: _list_jobs(discovery, root, known)),
             name=f"list discover root {root}",
             fallback=lambda _: Listed(discovery, None),  # listed again at its next poll
         )
         self._timers.soon(StuckCheck(worker.mountpoint), now + STUCK_SECONDS)
+
+    def _root_worker(self, entry: DiscoverConfig) -> str:
+        """The worker a root is listed on: its mount's, or its store's (endpoint and bucket)."""
+        root = str(entry.root)
+        if is_object_url(root):
+            return stores.store_key(parse_object_url(root), dict(entry.storage_options))
+        return self._lexical_mount(root)
 
     def _lists(self, entry: DiscoverConfig) -> bool:
         """Whether this process discovers jobs under the root: a root of node scope is left to
@@ -75,7 +88,7 @@ class Discovering:
 
     def _listed(self, listed: Listed) -> None:
         discovery = listed.discovery
-        self._unstick(self._lexical_mount(str(discovery.entry.root)))  # its worker answered
+        self._unstick(self._root_worker(discovery.entry))  # its worker answered
         discovery.listing = False
         if not discovery.listed:
             discovery.listed = True
@@ -124,8 +137,15 @@ class Discovering:
         waiting = [c for c in candidates[slots:] if c.name not in displaced]
         slots += self._make_room(discovery, tracked, waiting, present)
         for candidate in candidates[:slots]:
-            path = os.path.join(root, candidate.name)
-            self._add(candidate.name, (WatchedPath(DURABLE, path),), entry.policy, root)
+            path = (
+                f"{root}/{candidate.name}"
+                if is_object_url(root)
+                else os.path.join(root, candidate.name)
+            )
+            self._add(
+                candidate.name, (WatchedPath(DURABLE, path),), entry.policy, root,
+                storage_options=entry.storage_options,
+            )  # fmt: skip
         excess = len(candidates) - min(slots, len(candidates))
         if excess != discovery.excess:
             discovery.excess = excess
@@ -217,3 +237,37 @@ def _empty(root_fd: int, name: str) -> bool:
             return next(iter(listing), None) is None
     finally:
         os.close(child)
+
+
+# Pages of a delimited listing one discovery reads: 10,000 runs under a root.
+MAX_ROOT_PAGES = 10
+
+
+def _list_object_jobs(discovery: Discovery, budget: OpsBudget, now: float) -> Listed:
+    """The prefixes under an object-store root, one per run, dated when first listed: a prefix
+    has no mtime, and asking each run's newest object would cost a listing per run per poll.
+    A run that appears after the first listing is newer than the runs already there, so the
+    newest still come first, and an idle run keeps its date (no two take turns)."""
+    entry = discovery.entry
+    url = parse_object_url(str(entry.root))
+    if discovery.store is None:
+        discovery.store = stores.open_reader(
+            url, dict(entry.storage_options), budget, RequestCounter(), content_names=()
+        )
+    names: list[str] = []
+    token: str | None = None
+    try:
+        for _ in range(MAX_ROOT_PAGES):
+            page = discovery.store.store.list_page(url.prefix, "/", token)
+            names += [prefix[len(url.prefix) :].rstrip("/") for prefix in page.prefixes]
+            if (token := page.token) is None:
+                break
+    except StoreError as error:
+        log.warning("cannot list discover root %s: %s: %s", url, error.code, error.reason)
+        return Listed(discovery, None, missing=error.code in ("NoSuchBucket", "ContainerNotFound"))
+    dates = discovery.first_listed
+    for gone in set(dates) - set(names):
+        del dates[gone]
+    return Listed(
+        discovery, [Candidate(name, dates.setdefault(name, now), False) for name in names]
+    )

@@ -49,11 +49,13 @@ class Placement:
         policy: Policy,
         discovered_from: str | None,
         job_config: JobConfig | None = None,
+        storage_options: tuple[tuple[str, object], ...] = (),
     ) -> None:
         # A discovered job's directory belongs to a tenant: never followed if it is (or
         # becomes) a symlink. A configured root may be one, as the operator chose.
         follow = None if discovered_from is None else False
-        options = job_config.storage_options if job_config is not None else ()
+        # A discovered job's connection is its root's.
+        options = job_config.storage_options if job_config is not None else storage_options
         tiers = [
             Tier(
                 name,

@@ -97,6 +97,10 @@ class Discovery:
     # Jobs that gave their slot to a newer one, by their directory's mtime then: watched again
     # only once written since, so two idle jobs never take turns.
     displaced: dict[str, float] = field(default_factory=dict)
+    # An object-store root (worker side): its store's reader, made on the first listing, and
+    # when each prefix under it was first listed (a prefix has no mtime: this dates a run).
+    store: ObjectTreeReader | None = None
+    first_listed: dict[str, float] = field(default_factory=dict)
 
 
 def configured_scope(tier: str, policy: Policy) -> str:
