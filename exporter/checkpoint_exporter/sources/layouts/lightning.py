@@ -24,6 +24,14 @@ cloud_io.py`` and ``fsspec/implementations/local.py``, and run by tests/writers/
   here (a stray temporary file in ``$TMPDIR``) or, mid-copy, a ``.ckpt`` cut short under its
   final name. A file's appearance therefore proves nothing: every ``.ckpt`` file settles, and
   its zip end-record check aborts a half copy.
+- On object storage (``dirpath="s3://..."``, ``gs://``; Azure keeps ``fs.open``),
+  ``_atomic_save`` calls ``fs.pipe(path, bytes)`` instead: no temporary name, no rename, the
+  ``.ckpt`` written at its final key, one PutObject or, from twice s3fs's 50 MiB ``chunksize``,
+  a multipart upload (its parts ten at a time, then CompleteMultipartUpload). The store shows
+  the object only once whole; a save killed mid-upload leaves an open upload at the key and no
+  object, which the listing marks ``uploading``: a save in progress however still its size
+  stands (never settled into a committed file), aborted once abort_after passes. Retention is
+  ``fs.rm``: a DeleteObject. (Run by tests/writers/test_lightning_s3.py against moto.)
 - The step: ``step=S`` in the name when the template has ``{step}``; else (``last.ckpt``, a
   template without ``{step}``) only inside the file: the checkpoint dict's ``global_step`` in the
   zip's ``*/data.pkl``, read by the ``ZIP_STEP`` check without unpickling (``ckpt_step``) and
