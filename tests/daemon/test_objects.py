@@ -18,6 +18,7 @@ from checkpoint_exporter.core.jobs import Tracker
 from checkpoint_exporter.daemon.scanner import Scanner
 from checkpoint_exporter.daemon.workers import InlineWorker
 from checkpoint_exporter.model import COMMITTED, WRITING, JobState
+from checkpoint_exporter.sources.validate_objects import validate_listing
 from tests.helpers.moto_s3 import MotoServer, moto_server
 
 
@@ -45,6 +46,15 @@ def _scanner(tmp_path: Path, text: str) -> tuple[Scanner, Tracker, Clocks]:
         monotonic=lambda: clocks.mono, worker_factory=InlineWorker,
     )  # fmt: skip
     return scanner, tracker, clocks
+
+
+def _validate_inline(scanner: Scanner) -> None:
+    """The validator's object-store branch, run at submit: a turn-by-turn test has no validator
+    thread."""
+    for validator in scanner._validators.values():
+        validator.submit = lambda request, root, follow, tree=None, fetch=None, v=validator: v._put(  # type: ignore[method-assign]
+            request, validate_listing(request.found.checks, tree, fetch)
+        )
 
 
 def _state(tracker: Tracker, name: str) -> JobState:
@@ -225,3 +235,43 @@ def test_runs_under_an_object_discover_root_are_jobs_read_with_its_connection(
     for _ in range(4):
         scanner.turn()
     assert [s.name for s in tracker.snapshot.jobs] == ["llama-c"]
+
+
+def test_a_lightning_ckpt_still_uploading_is_a_save_in_progress_then_aborted(
+    tmp_path: Path, server: MotoServer
+) -> None:
+    """Lightning on S3 writes a ``.ckpt`` with ``fs.pipe``: one PUT, or a multipart upload past
+    100 MiB. An object there is whole (S3 shows it only once complete); an open upload at a
+    ``.ckpt`` key is a save in progress however long its size stays still, never a file that
+    settled: a killed one is one abort, the newest committed state the file before it."""
+    client = server.client()
+    client.create_bucket(Bucket="light")
+    client.put_object(Bucket="light", Key="run/epoch=0-step=3.ckpt", Body=b"z" * 1000)
+    scanner, tracker, clocks = _scanner(
+        tmp_path,
+        "defaults: {settle: 2s, abort_after: 30s}\n"
+        "jobs:\n  - {name: light, path: 's3://light/run', layout: lightning}\n",
+    )
+    _validate_inline(scanner)
+    scanner.turn()
+    key = "run/epoch=0-step=6.ckpt"
+    upload = client.create_multipart_upload(Bucket="light", Key=key)
+    client.upload_part(
+        Bucket="light", Key=key, UploadId=upload["UploadId"], PartNumber=1,
+        Body=b"y" * 5 * 1024 * 1024,
+    )  # fmt: skip
+    for _ in range(8):  # well past settle, the upload's size still
+        clocks.advance(1)
+        scanner.turn()
+    state = _state(tracker, "light")
+    generations = {g.id: g for g in state.generations}
+    assert generations["epoch=0-step=3.ckpt"].state == COMMITTED
+    assert generations["epoch=0-step=6.ckpt"].state == WRITING
+    assert state.newest_committed is not None and state.newest_committed.step == 3
+    assert (state.saves_committed, state.saves_aborted) == (1, 0)
+    for _ in range(4):  # past abort_after with nothing moved
+        clocks.advance(10)
+        scanner.turn()
+    state = _state(tracker, "light")
+    assert (state.saves_committed, state.saves_aborted) == (1, 1)
+    assert state.newest_committed is not None and state.newest_committed.step == 3

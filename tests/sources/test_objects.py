@@ -176,6 +176,38 @@ def test_an_open_multipart_upload_is_a_file_being_written(server: MotoServer, bu
     assert reader.usage().incomplete_uploads == 0
 
 
+def test_a_single_file_upload_is_marked_uploading_until_its_object_is_whole(
+    server: MotoServer, bucket: str
+) -> None:
+    """Lightning's ``.ckpt`` through s3fs ``pipe``: a multipart upload at the file's own key,
+    no temporary name. While it is open the listing marks the name uploading, so the layout
+    keeps it in progress (its size stands still between parts, or for good once killed);
+    completed, it is an object like any other and settles."""
+    client = server.client()
+    put(server, bucket, "job/epoch=0-step=3.ckpt", 10)
+    key = "job/epoch=0-step=6.ckpt"
+    upload = client.create_multipart_upload(Bucket=bucket, Key=key)
+    part = client.upload_part(
+        Bucket=bucket, Key=key, UploadId=upload["UploadId"], PartNumber=1, Body=b"y" * 1000
+    )
+    reader = reader_of(f"s3://{bucket}/job")
+    tree, _ = reader.read()
+    assert tree.uploading == {"epoch=0-step=6.ckpt"}
+    found = {item.id: item for item in layouts.REGISTRY["lightning"].parse(tree, Options())}
+    assert found["epoch=0-step=6.ckpt"].state == WRITING
+    assert not found["epoch=0-step=6.ckpt"].settles
+    assert found["epoch=0-step=3.ckpt"].settles
+    client.complete_multipart_upload(
+        Bucket=bucket, Key=key, UploadId=upload["UploadId"],
+        MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": part["ETag"]}]},
+    )  # fmt: skip
+    tree, _ = reader.read()
+    assert tree.uploading == frozenset()
+    found = {item.id: item for item in layouts.REGISTRY["lightning"].parse(tree, Options())}
+    assert found["epoch=0-step=6.ckpt"].settles
+    assert tree.file("epoch=0-step=6.ckpt")[0] == 1000
+
+
 def test_a_save_retried_under_the_same_name_is_followed_by_its_own_upload(
     server: MotoServer, bucket: str
 ) -> None:

@@ -108,6 +108,7 @@ class Dir:
         "stamps",
         "stat_at",
         "subdirs",
+        "uploading",
     )
 
     def __init__(
@@ -122,6 +123,7 @@ class Dir:
         error: str | None = None,
         stat_at: float = 0.0,
         stamps: dict[str, tuple[int, int]] | None = None,
+        uploading: frozenset[str] = frozenset(),
     ) -> None:
         self.mtime_ns = mtime_ns
         self.mtime = mtime_ns / 1e9
@@ -137,6 +139,10 @@ class Dir:
         # the name from the same file when size and mtime (coarse on some filers) agree.
         self.stamps = stamps or {}
         self.markers = tuple(self.stamps)  # re-statted on every read
+        # Files the store says are still being written (object storage: an open multipart
+        # upload with no object at its key yet), whatever their size does. Empty on a
+        # filesystem, where a file being written looks like any other.
+        self.uploading = uploading
         self._totals: Totals | None = None
 
     def _position(self, name: str) -> int | None:

@@ -382,6 +382,7 @@ class ObjectTreeReader:
     ) -> Dir:
         """The ``Dir`` of ``prefix`` from its keys (and the open uploads below it) as a tree."""
         files: dict[str, tuple[int, float, str]] = {}
+        uploading: set[str] = set()  # files that are an open upload, no object at the key
         nested: dict[str, list[ObjectInfo]] = {}
         nested_uploads: dict[str, list[_Seen]] = {}
         for info in objects:
@@ -400,6 +401,7 @@ class ObjectTreeReader:
                 nested_uploads.setdefault(head, []).append(seen)
             elif head and head not in files:  # an object already there stays what is read
                 files[head] = (max(seen.size, 0), seen.moved_at, "")
+                uploading.add(head)
         subdirs: dict[str, Dir] = {}
         if depth < self.max_depth:
             for name in sorted(nested.keys() | nested_uploads.keys()):
@@ -410,7 +412,7 @@ class ObjectTreeReader:
                     state,
                     depth + 1,
                 )
-        return self._dir(prefix, files, subdirs, state)
+        return self._dir(prefix, files, subdirs, state, frozenset(uploading))
 
     def _dir(
         self,
@@ -418,6 +420,7 @@ class ObjectTreeReader:
         files: dict[str, tuple[int, float, str]],
         subdirs: dict[str, Dir],
         state: _ReadState,
+        uploading: frozenset[str] = frozenset(),
     ) -> Dir:
         names = sorted(files) + [name for name in subdirs if name not in files]
         kinds = "".join(FILE if name in files else DIR for name in names)
@@ -441,7 +444,7 @@ class ObjectTreeReader:
         newest = max(mtimes, default=0.0)
         return Dir(
             int(newest * 1e9), tuple(names), kinds, sizes, mtimes, subdirs, contents, None,
-            time.monotonic(), stamps,
+            time.monotonic(), stamps, uploading,
         )  # fmt: skip
 
     def _content(self, key: str, etag: str, size: int, state: _ReadState) -> bytes | None:
@@ -488,7 +491,7 @@ def _with_subdirs(root: Dir, subdirs: dict[str, Dir]) -> Dir:
     newest = max(mtimes, default=0.0)
     return Dir(
         int(newest * 1e9), all_names, kinds, sizes, mtimes, merged, root.contents, None,
-        root.stat_at, root.stamps,
+        root.stat_at, root.stamps, root.uploading,
     )  # fmt: skip
 
 
@@ -504,6 +507,7 @@ def _keep_unchanged(old: Dir | None, new: Dir) -> Dir:
         and old.sizes == new.sizes
         and old.mtimes == new.mtimes
         and old.contents == new.contents
+        and old.uploading == new.uploading
         and old.subdirs.keys() == subdirs.keys()
         and all(old.subdirs[name] is child for name, child in subdirs.items())
     )
@@ -511,5 +515,5 @@ def _keep_unchanged(old: Dir | None, new: Dir) -> Dir:
         return old
     return Dir(
         new.mtime_ns, new.names, new.kinds, new.sizes, new.mtimes, subdirs, new.contents, None,
-        new.stat_at, new.stamps,
+        new.stat_at, new.stamps, new.uploading,
     )  # fmt: skip

@@ -86,10 +86,13 @@ def file_generation(
     mtime: float,
     step: int | None,
     checks: tuple[Check, ...] = (),
+    uploading: bool = False,
 ) -> Found:
     """A generation that is one file. Its appearance proves nothing (a move across filesystems
-    is a copy that grows in place), so it settles: judged once its size and mtime stay still."""
-    return Found(id, step, WRITING, mtime, mtime, None, size, 1, checks, settles=True)
+    is a copy that grows in place), so it settles: judged once its size and mtime stay still.
+    One the store reports still uploading (``Dir.uploading``) is a save in progress however
+    still it stands: object storage shows a key's object only once whole."""
+    return Found(id, step, WRITING, mtime, mtime, None, size, 1, checks, settles=not uploading)
 
 
 def settling_generation(id: str, listing: Dir, step: int | None, **extra: object) -> Found:

@@ -24,6 +24,14 @@ cloud_io.py`` and ``fsspec/implementations/local.py``, and run by tests/writers/
   here (a stray temporary file in ``$TMPDIR``) or, mid-copy, a ``.ckpt`` cut short under its
   final name. A file's appearance therefore proves nothing: every ``.ckpt`` file settles, and
   its zip end-record check aborts a half copy.
+- On object storage (``dirpath="s3://..."``, ``gs://``; Azure keeps ``fs.open``),
+  ``_atomic_save`` calls ``fs.pipe(path, bytes)`` instead: no temporary name, no rename, the
+  ``.ckpt`` written at its final key, one PutObject or, from twice s3fs's 50 MiB ``chunksize``,
+  a multipart upload (its parts ten at a time, then CompleteMultipartUpload). The store shows
+  the object only once whole; a save killed mid-upload leaves an open upload at the key and no
+  object, which the listing marks ``uploading``: a save in progress however still its size
+  stands (never settled into a committed file), aborted once abort_after passes. Retention is
+  ``fs.rm``: a DeleteObject. (Run by tests/writers/test_lightning_s3.py against moto.)
 - The step: ``step=S`` in the name when the template has ``{step}``; else (``last.ckpt``, a
   template without ``{step}``) only inside the file: the checkpoint dict's ``global_step`` in the
   zip's ``*/data.pkl``, read by the ``ZIP_STEP`` check without unpickling (``ckpt_step``) and
@@ -151,7 +159,9 @@ def parse(root: Dir, options: Options) -> list[Found]:
         if name.endswith(EMA + SUFFIX) and name.removesuffix(EMA + SUFFIX) + SUFFIX in files:
             continue  # the EMA half of the save named without -EMA, counted there
         parts = (name, twin) if twin in files else (name,)
-        item = _file_save(name, [files[part] for part in parts], markers.get(marker_name(name)))
+        uploading = not root.uploading.isdisjoint(parts)
+        marker = markers.get(marker_name(name))
+        item = _file_save(name, [files[part] for part in parts], marker, uploading)
         if item is not None:
             found.append(item)
     for name, child in root.dirs():
@@ -184,8 +194,11 @@ def _bare_markers(root: Dir, markers: dict[str, float]) -> dict[str, float]:
     return {name: mtime for name, mtime in markers.items() if name not in named}
 
 
-def _file_save(name: str, parts: list[tuple[int, float]], marker: float | None) -> Found | None:
-    """One save: ``name`` (with its ``-EMA`` twin when there), under NeMo's marker or none."""
+def _file_save(
+    name: str, parts: list[tuple[int, float]], marker: float | None, uploading: bool = False
+) -> Found | None:
+    """One save: ``name`` (with its ``-EMA`` twin when there), under NeMo's marker or none;
+    ``uploading``: a part is an open upload in object storage, so the save is in progress."""
     newest = max(mtime for _, mtime in parts)
     if marker is not None and marker > newest:
         return None  # NeMo's removal under way (or the name about to be saved over)
@@ -195,11 +208,11 @@ def _file_save(name: str, parts: list[tuple[int, float]], marker: float | None) 
         checks = (*checks, Check(ZIP, _ema_twin(name)))
     if marker is None and len(parts) == 1:
         size, mtime = parts[0]
-        return file_generation(name, size, mtime, step, checks)
+        return file_generation(name, size, mtime, step, checks, uploading)
     # A save NeMo has not committed (marker), or the two files of an EMA save: one generation.
     start = min(mtime for _, mtime in parts)
     size = sum(size for size, _ in parts)
-    settles = marker is None
+    settles = marker is None and not uploading
     return Found(
         name, step, WRITING, start, newest, None, size, len(parts), checks, settles=settles
     )
