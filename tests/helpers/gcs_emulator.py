@@ -5,7 +5,6 @@ that uses it. Clients find it as Google's SDKs (and gcsfs) do: ``STORAGE_EMULATO
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
