@@ -63,9 +63,7 @@ def store() -> Iterator[tuple[GCSEmulator, Bucket]]:
         yield server, Bucket(server)
 
 
-def test_dcp_saves_to_gcs_through_fsspec(
-    tmp_path: Path, store: tuple[GCSEmulator, Bucket]
-) -> None:
+def test_dcp_saves_to_gcs_through_fsspec(tmp_path: Path, store: tuple[GCSEmulator, Bucket]) -> None:
     server, bucket = store
     root = f"gs://{BUCKET}/{PREFIX}"
     truth = Truth(bytes_of=bucket.bytes_of, exists=bucket.exists)
