@@ -19,8 +19,8 @@ A save in progress on GCS is its objects without the commit marker, nothing more
 appears only once its upload is finalized, and resumable upload sessions (gcsfs sends every
 file larger than its block size as one) cannot be listed by any API. So ``list_uploads``
 returns nothing and makes no request, and a save killed mid-upload shows the objects it had
-finished (none at all if it was killed on its first file) until the session expires unseen
-after a week, at no storage cost.
+finished (none at all if it was killed before it finished a file), and its session expires
+unseen after a week.
 """
 
 from __future__ import annotations
