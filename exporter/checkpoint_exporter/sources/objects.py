@@ -56,6 +56,14 @@ MAX_UPLOADS_SIZED = 100
 # in progress would otherwise repeat the failure every second.
 BACKOFF_SECONDS = (5.0, 300.0)  # the first pause, the longest
 
+# Errors after which nothing listed before is known any more (every generation unknown): the
+# bucket or container is missing, or the credentials are refused.
+FORGETTING_CODES = frozenset({
+    "NoSuchBucket", "AccessDenied", "InvalidAccessKeyId",  # S3
+    "ContainerNotFound", "AuthenticationFailed", "AuthorizationFailure",  # Azure
+    "AuthorizationPermissionMismatch", "InvalidAuthenticationInfo",
+})  # fmt: skip
+
 # Operation labels of checkpoint_object_store_requests_total (object stores bill by request).
 LIST, GET, HEAD, LIST_UPLOADS, LIST_PARTS = "list", "get", "head", "list_uploads", "list_parts"
 
@@ -242,7 +250,7 @@ class ObjectTreeReader:
             self.tree = self._read(state)
         except StoreError as error:
             self._failed(state.stats, f"{error.code}: {error.reason}")
-            if error.code in ("NoSuchBucket", "AccessDenied", "InvalidAccessKeyId"):
+            if error.code in FORGETTING_CODES:
                 self.tree = None  # nothing known any more: every generation is unknown
         except OverBudget:
             self._failed(
@@ -448,7 +456,7 @@ class ObjectTreeReader:
         try:
             content = self.store.get_range(key, self.content_limit)
         except StoreError as error:
-            if error.code != "NoSuchKey":  # deleted since the listing: no error
+            if error.code not in ("NoSuchKey", "BlobNotFound"):  # deleted since the listing
                 self._failed(state.stats, f"{error.code}: {error.reason}", key)
             return None
         self._contents = {k: v for k, v in self._contents.items() if k[0] != key}
