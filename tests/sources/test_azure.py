@@ -333,6 +333,8 @@ def test_the_account_endpoint_and_credential_come_from_the_environment() -> None
     assert connection.endpoint == "https://acct.blob.core.windows.net"
     assert isinstance(connection.credential, AzureNamedKeyCredential)
     assert "c2VjcmV0" not in repr(connection)
+    adlfs_env = {"AZURE_STORAGE_ACCOUNT_NAME": "acct", "AZURE_STORAGE_ACCOUNT_KEY": "c2VjcmV0"}
+    assert azure.connect({}, adlfs_env).source == "AZURE_STORAGE_ACCOUNT_KEY"
     sas = azure.connect({"account_name": "other"}, {"AZURE_STORAGE_SAS_TOKEN": "?sv=1&sig=abc"})
     assert sas.endpoint == "https://other.blob.core.windows.net"
     assert isinstance(sas.credential, AzureSasCredential)

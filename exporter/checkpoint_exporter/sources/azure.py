@@ -5,9 +5,9 @@ AZURE_STORAGE_ACCOUNT_NAME, else the connection string's AccountName. The endpoi
 ``endpoint_url`` in ``storage_options``, else the connection string's BlobEndpoint (or its
 protocol, account and EndpointSuffix), else ``https://ACCOUNT.blob.core.windows.net``.
 Credentials come from the environment only, the first found of:
-AZURE_STORAGE_CONNECTION_STRING (AccountKey or SharedAccessSignature), AZURE_STORAGE_KEY (with
-the account), AZURE_STORAGE_SAS_TOKEN, else azure-identity's DefaultAzureCredential (workload
-identity, managed identity, az login).
+AZURE_STORAGE_CONNECTION_STRING (AccountKey or SharedAccessSignature), AZURE_STORAGE_KEY or
+AZURE_STORAGE_ACCOUNT_KEY (with the account), AZURE_STORAGE_SAS_TOKEN, else azure-identity's
+DefaultAzureCredential (workload identity, managed identity, az login).
 
 Plain HTTP is refused unless ``allow_http: true`` is in ``storage_options`` or the connection
 string itself names an http endpoint (Azurite's): the connection string is the secret and who
@@ -174,9 +174,10 @@ def connect(options: Mapping[str, Any], environ: Mapping[str, str] = os.environ)
     elif settings.get("SHAREDACCESSSIGNATURE"):
         credential = AzureSasCredential(settings["SHAREDACCESSSIGNATURE"].lstrip("?"))
         source = "AZURE_STORAGE_CONNECTION_STRING"
-    elif environ.get("AZURE_STORAGE_KEY") and account:
-        credential = AzureNamedKeyCredential(account, environ["AZURE_STORAGE_KEY"])
-        source = "AZURE_STORAGE_KEY"
+    elif _account_key(environ) and account:
+        source = "AZURE_STORAGE_KEY" if environ.get("AZURE_STORAGE_KEY") else (
+            "AZURE_STORAGE_ACCOUNT_KEY")  # fmt: skip
+        credential = AzureNamedKeyCredential(account, _account_key(environ))
     elif environ.get("AZURE_STORAGE_SAS_TOKEN"):
         credential = AzureSasCredential(environ["AZURE_STORAGE_SAS_TOKEN"].lstrip("?"))
         source = "AZURE_STORAGE_SAS_TOKEN"
@@ -189,6 +190,12 @@ def connect(options: Mapping[str, Any], environ: Mapping[str, str] = os.environ)
         credential = DefaultAzureCredential()
         source = "DefaultAzureCredential"
     return Connection(endpoint, credential, source)
+
+
+def _account_key(environ: Mapping[str, str]) -> str:
+    """The account key: AZURE_STORAGE_KEY as the az CLI names it, or AZURE_STORAGE_ACCOUNT_KEY
+    as adlfs and obstore do."""
+    return environ.get("AZURE_STORAGE_KEY") or environ.get("AZURE_STORAGE_ACCOUNT_KEY") or ""
 
 
 # A URL's query (where a SAS token rides) or a key=value secret, wherever a message repeats one.
