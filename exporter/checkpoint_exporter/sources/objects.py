@@ -52,12 +52,15 @@ MAX_UPLOADS_SIZED = 100
 # in progress would otherwise repeat the failure every second.
 BACKOFF_SECONDS = (5.0, 300.0)  # the first pause, the longest
 
-# Error codes that mean the bucket (or the right to read it) is gone, so nothing listed before
-# stands (S3's, then GCS's); and those that mean an object was deleted since it was listed.
-STORE_GONE_CODES = frozenset(
-    {"NoSuchBucket", "AccessDenied", "InvalidAccessKeyId", "notFound", "forbidden"}
-)
-OBJECT_GONE_CODES = frozenset({"NoSuchKey", "notFound"})
+# Error codes that mean the bucket or container (or the right to read it) is gone, so nothing
+# listed before stands; and those that mean an object was deleted since it was listed.
+STORE_GONE_CODES = frozenset({
+    "NoSuchBucket", "AccessDenied", "InvalidAccessKeyId",  # S3
+    "notFound", "forbidden",  # GCS
+    "ContainerNotFound", "AuthenticationFailed", "AuthorizationFailure",  # Azure
+    "AuthorizationPermissionMismatch", "InvalidAuthenticationInfo",
+})  # fmt: skip
+OBJECT_GONE_CODES = frozenset({"NoSuchKey", "notFound", "BlobNotFound"})
 
 # Operation labels of checkpoint_object_store_requests_total (object stores bill by request).
 LIST, GET, HEAD, LIST_UPLOADS, LIST_PARTS = "list", "get", "head", "list_uploads", "list_parts"
