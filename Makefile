@@ -79,7 +79,7 @@ test-nightly: venv writers
 # The inner loop: every test that needs none of the slow things the markers name (root, a
 # network namespace, Prometheus, Chromium, kubectl, a running exporter, a real checkpoint
 # library, the image; see pyproject.toml). make test is what CI runs.
-FAST_MARKERS := not (writers or root or netns or prometheus or chromium or kubectl or daemon or image or torch or slow)
+FAST_MARKERS := not (writers or root or netns or prometheus or chromium or kubectl or daemon or image or torch or slow or azurite)
 test-fast: venv
 	$(BIN)/python -m pytest -m "$(FAST_MARKERS)" -n 2 --dist loadfile $(PYTEST_ARGS)
 

@@ -17,12 +17,10 @@ from checkpoint_exporter.core.jobs import Tracker
 from checkpoint_exporter.daemon.scanner import Scanner
 from checkpoint_exporter.daemon.workers import InlineWorker
 from checkpoint_exporter.model import COMMITTED, WRITING, JobState
-from tests.helpers.azurite import Azurite, azurite, installed
+from tests.helpers.azurite import Azurite, azurite
 from tests.helpers.clocks import Clocks
 
-pytestmark = pytest.mark.skipif(
-    not installed(), reason="Azurite not installed: make tests/servers/node_modules"
-)
+pytestmark = pytest.mark.azurite
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,8 @@ that uses it. Its account is the emulator's well-known devstoreaccount1, whose k
 (Microsoft documents it for every emulator): never a real secret.
 
 The server is installed by ``make tests/servers/node_modules`` (``npm ci`` of tests/servers);
-a worktree may symlink that folder. Without it the tests that need the server are skipped."""
+a worktree may symlink that folder. The tests that need it are marked ``azurite`` (make
+test-fast leaves them out); run without it, they fail and say how to install it."""
 
 from __future__ import annotations
 
@@ -73,6 +74,10 @@ def _answers(endpoint: str) -> bool:
 
 @contextmanager
 def azurite() -> Iterator[Azurite]:
+    if not installed():
+        raise RuntimeError(
+            f"Azurite is not installed ({AZURITE_BLOB}): make tests/servers/node_modules"
+        )
     port = _free_port()
     process = subprocess.Popen(
         [

@@ -23,11 +23,9 @@ from checkpoint_exporter.sources.layouts.base import Options
 from checkpoint_exporter.sources.listing import OpsBudget
 from checkpoint_exporter.sources.objects import ObjectTreeReader, RequestCounter, StoreError
 from checkpoint_exporter.storage_url import parse_object_url
-from tests.helpers.azurite import ACCOUNT, ACCOUNT_KEY, Azurite, azurite, installed
+from tests.helpers.azurite import ACCOUNT, ACCOUNT_KEY, Azurite, azurite
 
-pytestmark = pytest.mark.skipif(
-    not installed(), reason="Azurite not installed: make tests/servers/node_modules"
-)
+pytestmark = pytest.mark.azurite
 
 
 @pytest.fixture(scope="module")

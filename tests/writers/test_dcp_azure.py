@@ -14,15 +14,10 @@ from dataclasses import dataclass
 import pytest
 from azure.storage.blob import ContainerClient
 
-from tests.helpers.azurite import Azurite, azurite, installed
+from tests.helpers.azurite import Azurite, azurite
 from tests.writers.harness import JOB, Driver, Expected, Scenario, Truth, Watched
 
-pytestmark = [
-    pytest.mark.writers,
-    pytest.mark.skipif(
-        not installed(), reason="Azurite not installed: make tests/servers/node_modules"
-    ),
-]
+pytestmark = [pytest.mark.writers, pytest.mark.azurite]
 
 CONTAINER = "ckpt"
 PREFIX = "job"
