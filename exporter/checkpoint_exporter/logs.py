@@ -47,6 +47,9 @@ class _Formatter(logging.Formatter):
         return " ".join(f"{key}={_quote(value)}" for key, value in fields.items())
 
 
+THIRD_PARTY_HTTP = ("urllib3", "botocore", "azure", "google.auth")
+
+
 def setup(level: str = "info", style: str = "logfmt") -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_Formatter(style))
@@ -55,3 +58,7 @@ def setup(level: str = "info", style: str = "logfmt") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(numeric)
+    # The object stores' HTTP libraries print request lines and headers at DEBUG: a SAS token
+    # is a URL's query, a signature a header. None of it is ours to print, at any --log.level.
+    for name in THIRD_PARTY_HTTP:
+        logging.getLogger(name).setLevel(max(numeric, logging.WARNING))

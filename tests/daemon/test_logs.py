@@ -44,3 +44,21 @@ def test_a_huge_message_and_traceback_make_a_bounded_line_that_says_what_was_cut
 def test_a_short_line_is_untouched() -> None:
     line = logs._Formatter("logfmt").format(_record("step-1"))
     assert line.endswith('msg="invalid: step-1"')
+
+
+def test_the_object_stores_http_libraries_never_print_requests_even_at_debug() -> None:
+    """botocore prints signed headers at DEBUG, urllib3 each URL (a SAS token is its query),
+    azure-core every request's headers: held at WARNING whatever --log.level says."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    quieted = {name: logging.getLogger(name).level for name in logs.THIRD_PARTY_HTTP}
+    try:
+        logs.setup("debug")
+        for name in ("urllib3.connectionpool", "botocore.endpoint", "azure.core", "google.auth"):
+            assert not logging.getLogger(name).isEnabledFor(logging.INFO), name
+        assert logging.getLogger("checkpoint_exporter.sources.s3").isEnabledFor(logging.DEBUG)
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+        for name, was in quieted.items():
+            logging.getLogger(name).setLevel(was)
