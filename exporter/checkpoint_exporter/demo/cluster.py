@@ -12,7 +12,8 @@ article's bottleneck matrix for real (the exporter diagnoses them: checkpoint_sa
 - llama70b-c: an aborted save, and a slow copy to host memory before any write (staging_bound);
 - llama70b-d: a torn generation, whose restore drill fails (unrestorable).
 
-Every other save is clean and shows no symptom. Shared-path contention, backlog and disturbed
+Every other save is clean and shows no symptom. Where moto is installed (a development checkout),
+a fifth job saves into an embedded S3 server, one save in three killed mid-upload (demo/objects.py). Shared-path contention, backlog and disturbed
 training need several nodes, an async writer or GPUs: the unit tests drive those.
 
 The real exporter watches it all; with the Prometheus toolchain installed, Prometheus and
@@ -38,10 +39,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from checkpoint_exporter import instrument
+from checkpoint_exporter.demo import objects
 from checkpoint_exporter.mixin.config import ALERTS
 
 MB = 1_000_000
-DEFAULT_PORT = 25780  # the exporter's; Prometheus, Alertmanager, node_exporter get +10, +11, +12
+# The exporter's; Prometheus, Alertmanager, node_exporter, the S3 server get +10, +11, +12, +13.
+DEFAULT_PORT = 25780
 
 
 @dataclass(frozen=True)
@@ -303,7 +306,7 @@ def _step(generation: Path) -> int:
 # --- processes: exporter, Prometheus, Alertmanager ---------------------------------------------
 
 
-def _config(workdir: Path, port: int) -> str:
+def _config(workdir: Path, port: int, s3_port: int | None = None) -> str:
     lines = [
         f"spool: {workdir / 'spool'}",
         # No reserve: the demo's checkpoints are a few kilobytes on whatever disk the machine
@@ -320,6 +323,8 @@ def _config(workdir: Path, port: int) -> str:
             f"  - {{name: {job.name}, path: {workdir / 'ckpt' / job.name}{staging}, "
             f"interval: {job.interval:g}s, deadline: {job.deadline:g}s, layout: dcp}}"
         )
+    if s3_port is not None:
+        lines.append(objects.config_line(s3_port))
     return "\n".join(lines) + "\n"
 
 
@@ -450,17 +455,20 @@ def _status(base: str) -> str:
                 continue
             values[(name, job)] = float(line.rsplit(" ", 1)[1])
     now, rows = time.time(), []
-    for job in JOBS:
+    shown = [(job.name, job.deadline) for job in JOBS]
+    if any(job == objects.NAME for _, job in values):
+        shown.append((objects.NAME, objects.DEADLINE))
+    for name, deadline in shown:
 
-        def v(name: str, job: str = job.name) -> float | None:
-            return values.get((f"checkpoint_{name}", job))
+        def v(metric: str, job: str = name) -> float | None:
+            return values.get((f"checkpoint_{metric}", job))
 
         committed = v("last_committed_timestamp_seconds")
         age = f"{now - committed:5.0f}s" if committed else "  none"
         total = v("last_save_phase_seconds")
         rows.append(
-            f"  {job.name:<11} step {int(v('last_committed_step') or 0):>5}  age {age}  "
-            f"last save {total or 0:5.1f}s/{job.deadline:g}s  saves {int(v('saves_committed_total') or 0):>3}  "
+            f"  {name:<11} step {int(v('last_committed_step') or 0):>5}  age {age}  "
+            f"last save {total or 0:5.1f}s/{deadline:g}s  saves {int(v('saves_committed_total') or 0):>3}  "
             f"late {int(v('deadline_misses_total') or 0)}  aborted {int(v('saves_aborted_total') or 0)}  "
             f"valid {int(v('last_committed_valid') if v('last_committed_valid') is not None else -1)}"
         )
@@ -473,14 +481,19 @@ def run(workdir: Path | None, duration: float | None, port: int = DEFAULT_PORT) 
     workdir.mkdir(parents=True, exist_ok=True)
     for sub in ("ckpt", "nvme", "spool"):
         (workdir / sub).mkdir(exist_ok=True)
-    (workdir / "config.yaml").write_text(_config(workdir, port))
     stop = threading.Event()
     processes = Processes()
+    # A job in object storage, where an S3 server can run here (moto, in a development checkout).
+    s3_port = port + 13 if objects.available() else None
     interrupted = []
     signal.signal(signal.SIGINT, lambda *_: (interrupted.append(1), stop.set()))
     signal.signal(signal.SIGTERM, lambda *_: (interrupted.append(1), stop.set()))
     base = f"http://127.0.0.1:{port}"
     try:
+        if s3_port is not None:
+            processes.running.append(objects.start_server(s3_port, workdir / "s3.log"))
+            os.environ.update(objects.ENV)  # the exporter's and the drills' connection
+        (workdir / "config.yaml").write_text(_config(workdir, port, s3_port))
         exporter = processes.start(
             [sys.executable, "-m", "checkpoint_exporter", "serve",
              "--config.file", str(workdir / "config.yaml")],
@@ -489,12 +502,17 @@ def run(workdir: Path | None, duration: float | None, port: int = DEFAULT_PORT) 
         extra = _prometheus(workdir, processes, port)
         cluster = Cluster(workdir, stop)
         cluster.start()
+        if s3_port is not None:
+            objects.ObjectJob(s3_port, cluster.spool, stop, dcp_metadata).start()
         threading.Thread(target=_drills, args=(workdir, cluster, stop), daemon=True).start()
         print(f"checkpoint-exporter demo in {workdir}")
         print(f"Landing page:        {base}/   (per-job save timelines)")
         print(f"Metrics:             {base}/metrics")
         for line in extra:
             print(line)
+        if s3_port is not None:
+            print(f"S3 (moto, embedded): http://127.0.0.1:{s3_port}   "
+                  f"job {objects.NAME} in s3://{objects.BUCKET}/{objects.NAME}")  # fmt: skip
         print(f"Jobs: {', '.join(j.name for j in JOBS)}; faults every {FAULT_EVERY} saves. "
               "Ctrl-C stops everything.\n", flush=True)  # fmt: skip
         started = time.monotonic()
