@@ -4,17 +4,20 @@ that uses it. Clients find it as Google's SDKs (and gcsfs) do: ``STORAGE_EMULATO
 
 from __future__ import annotations
 
+import base64
+import http.server
 import json
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 PROJECT = "test-project"  # the emulator accepts any
 
@@ -98,3 +101,92 @@ def gcs_emulator() -> Iterator[GCSEmulator]:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+@dataclass
+class Front:
+    """A proxy before the emulator, for what it does not do as GCS does. It pages listings
+    (gcp-storage-emulator ignores ``maxResults`` and ``pageToken``: every listing is one page),
+    answers the statuses queued in ``faults`` first (throttling), can drop the ``Range`` header
+    (a store that ignores it), keeps each request's path and Authorization header, and hands
+    out a token to any POST (an OAuth token endpoint, for credentials that refresh)."""
+
+    emulator: GCSEmulator
+    endpoint: str = ""
+    faults: list[int] = field(default_factory=list)
+    fault_body: bytes = b""
+    ignore_range: bool = False
+    seen: list[tuple[str, str]] = field(default_factory=list)  # (path, Authorization)
+    token: str = "ya29.test-token-never-real"  # what its OAuth token endpoint (POST) hands out
+
+
+def _page(answer: dict[str, object], query: dict[str, list[str]]) -> dict[str, object]:
+    """One page of a whole listing as GCS pages it: names and prefixes in one order, at most
+    ``maxResults`` of them, the token naming the last one given."""
+    items = {str(item["name"]): item for item in answer.get("items") or ()}  # type: ignore[union-attr]
+    prefixes = [str(prefix) for prefix in answer.get("prefixes") or ()]  # type: ignore[union-attr]
+    names = sorted([*items, *prefixes])
+    after = base64.urlsafe_b64decode(query["pageToken"][0]).decode() if "pageToken" in query else ""
+    names = [name for name in names if name > after]
+    size = int(query.get("maxResults", ["1000"])[0])
+    shown, more = names[:size], names[size:]
+    page: dict[str, object] = {
+        "kind": "storage#objects",
+        "items": [items[name] for name in shown if name in items],
+        "prefixes": [name for name in shown if name not in items],
+    }
+    if more:
+        page["nextPageToken"] = base64.urlsafe_b64encode(shown[-1].encode()).decode()
+    return page
+
+
+@contextmanager
+def front(emulator: GCSEmulator) -> Iterator[Front]:
+    state = Front(emulator)
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            state.seen.append((self.path, self.headers.get("Authorization", "")))
+            if state.faults:
+                self._answer(state.faults.pop(0), state.fault_body)
+                return
+            url = urllib.parse.urlsplit(self.path)
+            headers = {"Range": self.headers["Range"]} if self.headers.get("Range") else {}
+            if state.ignore_range:
+                headers = {}
+            request = urllib.request.Request(f"{emulator.endpoint}{self.path}", headers=headers)
+            try:
+                with urllib.request.urlopen(request, timeout=10) as answer:
+                    status, body = answer.status, answer.read()
+            except urllib.error.HTTPError as error:
+                status, body = error.code, error.read()
+            if status == 200 and url.path.endswith("/o"):  # a listing
+                query = urllib.parse.parse_qs(url.query)
+                body = json.dumps(_page(json.loads(body), query)).encode()
+            self._answer(status, body)
+
+        def do_POST(self) -> None:
+            """An OAuth token endpoint: any refresh gets ``state.token``."""
+            state.seen.append((self.path, self.headers.get("Authorization", "")))
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            token = {"access_token": state.token, "expires_in": 3600, "token_type": "Bearer"}
+            self._answer(200, json.dumps(token).encode())
+
+        def _answer(self, status: int, body: bytes) -> None:
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    state.endpoint = f"http://127.0.0.1:{server.server_address[1]}"
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield state
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -56,6 +56,13 @@ MAX_UPLOADS_SIZED = 100
 # in progress would otherwise repeat the failure every second.
 BACKOFF_SECONDS = (5.0, 300.0)  # the first pause, the longest
 
+# Error codes that mean the bucket (or the right to read it) is gone, so nothing listed before
+# stands (S3's, then GCS's); and those that mean an object was deleted since it was listed.
+STORE_GONE_CODES = frozenset(
+    {"NoSuchBucket", "AccessDenied", "InvalidAccessKeyId", "notFound", "forbidden"}
+)
+OBJECT_GONE_CODES = frozenset({"NoSuchKey", "notFound"})
+
 # Operation labels of checkpoint_object_store_requests_total (object stores bill by request).
 LIST, GET, HEAD, LIST_UPLOADS, LIST_PARTS = "list", "get", "head", "list_uploads", "list_parts"
 
@@ -242,7 +249,7 @@ class ObjectTreeReader:
             self.tree = self._read(state)
         except StoreError as error:
             self._failed(state.stats, f"{error.code}: {error.reason}")
-            if error.code in ("NoSuchBucket", "AccessDenied", "InvalidAccessKeyId"):
+            if error.code in STORE_GONE_CODES:
                 self.tree = None  # nothing known any more: every generation is unknown
         except OverBudget:
             self._failed(
@@ -336,7 +343,8 @@ class ObjectTreeReader:
         found: dict[tuple[str, str], Upload] = {}
         marker: tuple[str, str] | None = None
         while True:
-            self._spend(state)
+            if getattr(self.store, "lists_uploads", True):  # GCS lists none: nothing spent
+                self._spend(state)
             uploads, marker = self.store.list_uploads(self.url.prefix, marker)
             for upload in uploads:
                 found[upload.key, upload.upload_id] = upload
@@ -448,7 +456,7 @@ class ObjectTreeReader:
         try:
             content = self.store.get_range(key, self.content_limit)
         except StoreError as error:
-            if error.code != "NoSuchKey":  # deleted since the listing: no error
+            if error.code not in OBJECT_GONE_CODES:  # deleted since the listing: no error
                 self._failed(state.stats, f"{error.code}: {error.reason}", key)
             return None
         self._contents = {k: v for k, v in self._contents.items() if k[0] != key}
