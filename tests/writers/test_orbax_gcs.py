@@ -150,5 +150,20 @@ def test_orbax_saves_to_gcs_through_tensorstore(
             assert bucket.objects(hung["path"]) == objects  # the kill left it as it was
         finally:
             driver.close()
+        # The job restarts from its newest step and saves the killed step again under the same
+        # name (Orbax first removes what the killed save left there): a commit of its own, the
+        # abort still counted once, the oldest step deleted by Orbax's retention.
+        driver = Driver("orbax_gcs", "jax", root, env=writer_env(server))
+        try:
+            again = driver.save()
+            assert (again["step"], again["path"]) == (hung["step"], hung["path"])
+            assert not bucket.exists(reported[1]["path"])
+            resaved = Expected(
+                step=again["step"], retained=3, newest_path=again["path"], committed=5,
+                aborted=1, layout="orbax",
+            )  # fmt: skip
+            watched.expect(resaved, timeout=scenario.settle + 20, hold=3)
+        finally:
+            driver.close()
     finally:
         watched.close()

@@ -50,7 +50,9 @@ manager = ocp.CheckpointManager(
     epath.Path(ROOT),
     options=ocp.CheckpointManagerOptions(max_to_keep=KEEP, enable_async_checkpointing=True),
 )
-step = 0
+# A restarted job resumes from its newest committed step, as training does: a save killed at
+# step N is saved again under the same name, N, after the same number of steps.
+step = manager.latest_step() or 0
 hanging: dict[str, object] = {}
 
 _finalize = atomicity.CommitFileTemporaryPath.finalize
