@@ -4,6 +4,7 @@ directory's are, and its requests and open uploads published per job."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Iterator
@@ -17,7 +18,7 @@ from checkpoint_exporter.config import Config, parse_config
 from checkpoint_exporter.core.jobs import Tracker
 from checkpoint_exporter.daemon.scanner import Scanner
 from checkpoint_exporter.daemon.workers import InlineWorker
-from checkpoint_exporter.model import COMMITTED, WRITING, JobState
+from checkpoint_exporter.model import ABORTED, COMMITTED, WRITING, JobState
 from checkpoint_exporter.sources.validate_objects import validate_listing
 from tests.helpers.moto_s3 import MotoServer, moto_server
 
@@ -275,3 +276,53 @@ def test_a_lightning_ckpt_still_uploading_is_a_save_in_progress_then_aborted(
     state = _state(tracker, "light")
     assert (state.saves_committed, state.saves_aborted) == (1, 1)
     assert state.newest_committed is not None and state.newest_committed.step == 3
+
+
+def _orbax_metadata(commit_ns: int | None) -> bytes:
+    return json.dumps({"init_timestamp_nsecs": 1, "commit_timestamp_nsecs": commit_ns}).encode()
+
+
+def test_an_aborted_orbax_step_saved_again_under_its_name_commits(
+    tmp_path: Path, server: MotoServer
+) -> None:
+    """Orbax on an object store commits by a file under the step's final name: a killed save
+    leaves ``N/_CHECKPOINT_METADATA`` (not committed) and data, aborted once nothing moves; the
+    resumed job saves step N again under the same name, and no poll need fall between its
+    delete and its rewrite. The placed reader lists that step again: a second commit."""
+    client = server.client()
+    client.create_bucket(Bucket="orbax")
+
+    def put(key: str, body: bytes) -> None:
+        client.put_object(Bucket="orbax", Key=f"run/{key}", Body=body)
+
+    put("20/_CHECKPOINT_METADATA", _orbax_metadata(2))
+    put("20/default/d/a", b"x" * 1000)
+    put("20/commit_success.txt", b"ok")
+    scanner, tracker, clocks = _scanner(
+        tmp_path,
+        "defaults: {deadline: 10s, abort_after: 10s, settle: 2s, poll_interval: 1s}\n"
+        "jobs:\n  - {name: orbax, path: 's3://orbax/run', layout: orbax}\n",
+    )
+    scanner.turn()
+    put("25/_CHECKPOINT_METADATA", _orbax_metadata(None))
+    put("25/default/d/a", b"x" * 400)  # the save killed here
+    for _ in range(40):  # past abort_after, then idle polls: every listing alike
+        scanner.turn()
+        clocks.advance(1)
+    state = _state(tracker, "orbax")
+    assert {g.id: g.state for g in state.generations} == {"20": COMMITTED, "25": ABORTED}
+    assert (state.saves_committed, state.saves_aborted) == (0, 1)
+
+    client.delete_object(Bucket="orbax", Key="run/25/default/d/a")
+    put("25/_CHECKPOINT_METADATA", _orbax_metadata(3))
+    put("25/default/d/b", b"x" * 1000)
+    put("25/commit_success.txt", b"ok")
+    for _ in range(5):
+        scanner.turn()
+        clocks.advance(1)
+    state = _state(tracker, "orbax")
+    generations = {g.id: g for g in state.generations}
+    assert generations["25"].state == COMMITTED
+    assert generations["25"].bytes == generations["20"].bytes
+    assert generations["25"].step == 25
+    assert (state.saves_committed, state.saves_aborted) == (1, 1)

@@ -3,6 +3,7 @@ open multipart uploads are files being written, deletions are gone, errors stay 
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from unittest import mock
@@ -46,7 +47,8 @@ def reader_of(url: str, clock: Clock | None = None, **kw: object) -> ObjectTreeR
     store = S3Store(parsed.bucket, {}, counter)
     return ObjectTreeReader(
         parsed, store, counter, OpsBudget(), layouts.ALL_CONTENT_FILES,
-        marker_names=layouts.MARKER_NAMES, clock=clock or Clock(), **kw,  # type: ignore[arg-type]
+        marker_names=layouts.MARKER_NAMES, opening_markers=layouts.OPENING_MARKERS,
+        clock=clock or Clock(), **kw,  # type: ignore[arg-type]
     )  # fmt: skip
 
 
@@ -206,6 +208,39 @@ def test_a_single_file_upload_is_marked_uploading_until_its_object_is_whole(
     found = {item.id: item for item in layouts.REGISTRY["lightning"].parse(tree, Options())}
     assert found["epoch=0-step=6.ckpt"].settles
     assert tree.file("epoch=0-step=6.ckpt")[0] == 1000
+
+
+def orbax_metadata(commit_ns: int | None) -> bytes:
+    return json.dumps({"init_timestamp_nsecs": 1, "commit_timestamp_nsecs": commit_ns}).encode()
+
+
+def test_a_killed_orbax_step_saved_again_under_its_name_is_listed_again(
+    server: MotoServer, bucket: str
+) -> None:
+    """Orbax on gs:// writes a step under its final name, ``_CHECKPOINT_METADATA`` first (its
+    commit timestamp null) and ``commit_success.txt`` last. A killed save leaves the metadata;
+    the resumed job saves the same step again: it removes those objects and writes new ones,
+    and a poll need not fall in between. The metadata seals nothing, so the new save is seen."""
+    client = server.client()
+    client.put_object(Bucket=bucket, Key="job/20/_CHECKPOINT_METADATA", Body=orbax_metadata(2))
+    put(server, bucket, "job/20/commit_success.txt", 50)
+    put(server, bucket, "job/20/default/ocdbt.process_0/d/a", 1000)
+    client.put_object(Bucket=bucket, Key="job/25/_CHECKPOINT_METADATA", Body=orbax_metadata(None))
+    put(server, bucket, "job/25/default/ocdbt.process_0/d/a", 400)  # killed: no commit file
+    reader = reader_of(f"s3://{bucket}/job")
+    for _ in range(3):  # listings alike: the committed step sealed, the killed one not
+        tree, _ = reader.read()
+    lists = requests_of(reader)["list"]
+    reader.read()
+    assert requests_of(reader)["list"] == lists + 2  # the root, and the killed step again
+    client.delete_object(Bucket=bucket, Key="job/25/default/ocdbt.process_0/d/a")
+    client.put_object(Bucket=bucket, Key="job/25/_CHECKPOINT_METADATA", Body=orbax_metadata(3))
+    put(server, bucket, "job/25/default/ocdbt.process_0/d/b", 1000)
+    put(server, bucket, "job/25/commit_success.txt", 50)
+    tree, _ = reader.read()
+    states = {found.id: found.state for found in layouts.orbax.parse(tree, Options())}
+    assert states == {"20": COMMITTED, "25": COMMITTED}
+    assert tree.subdirs["25"].totals().bytes == tree.subdirs["20"].totals().bytes
 
 
 def test_a_save_retried_under_the_same_name_is_followed_by_its_own_upload(

@@ -187,6 +187,7 @@ class Placement:
             tier.requests or RequestCounter(),
             content_names=layouts.ALL_CONTENT_FILES,
             marker_names=layouts.MARKER_NAMES,
+            opening_markers=layouts.OPENING_MARKERS,
             max_depth=self.config.scan.max_depth,
         )
         return Placed(tier, None, POLL, "object storage: polled", reader, scope)

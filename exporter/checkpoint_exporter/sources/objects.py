@@ -8,9 +8,12 @@ before), not hot and not asked for: that one is the same ``Dir`` as before, so a
 costs one LIST plus one ListMultipartUploads, however many generations are kept. A marker alone
 does not seal: a writer's commit may go on after its marker appears (DCP through s3fs renames
 ``.metadata.tmp`` as S3 can, a COPY then a DELETE), so the generation is listed until two
-listings agree, which costs one LIST per save. Every request is spent from the ``OpsBudget``
-shared storage gets, and one read makes at most ``max_requests`` of them: a bucket holding
-millions of keys under the prefix is an error of that job, not a daemon busy for an hour.
+listings agree, which costs one LIST per save. Nor does a marker written when a save starts
+(``opening_markers``: Orbax's ``_CHECKPOINT_METADATA``): what a killed save left is listed at
+every read, one LIST each, so a save written again under its name is seen. Every request is
+spent from the ``OpsBudget`` shared storage gets, and one read makes at most ``max_requests`` of
+them: a bucket holding millions of keys under the prefix is an error of that job, not a daemon
+busy for an hour.
 
 A save in progress is what the store shows of it: an open multipart upload is a file being
 written, at its key, sized by the parts uploaded so far. Its time is the store's clock in no
@@ -197,6 +200,7 @@ class ObjectTreeReader:
         budget: OpsBudget,
         content_names: Collection[str] = (),
         marker_names: Collection[str] = (),
+        opening_markers: Collection[str] = (),
         max_depth: int = 8,
         content_limit: int = 64 * 1024,
         max_requests: int = MAX_REQUESTS_PER_READ,
@@ -209,6 +213,10 @@ class ObjectTreeReader:
         self.budget = budget
         self.content_names = frozenset(content_names)
         self.marker_names = self.content_names.union(marker_names)
+        # A marker a writer creates when its save starts seals nothing: a killed save keeps it,
+        # and a save written again under that name (Orbax on gs:// resuming at the killed step)
+        # would stay unlisted until a full read.
+        self.seal_names = self.marker_names.difference(opening_markers)
         self.max_depth = max_depth
         self.content_limit = content_limit
         self.max_requests = max_requests
@@ -325,7 +333,7 @@ class ObjectTreeReader:
         full read under way."""
         if state.force or name in state.relist or previous.error or name not in self._settled:
             return False
-        return any(previous.has_file(marker) for marker in self.marker_names)
+        return any(previous.has_file(marker) for marker in self.seal_names)
 
     def _list(
         self, state: _ReadState, prefix: str, delimiter: str | None

@@ -63,6 +63,10 @@ MARKER_NAMES = ALL_CONTENT_FILES | frozenset(
         "random_states_0.pkl",
     }
 )
+# Markers a writer creates when a save starts, not when it commits: in object storage they do
+# not seal a generation (objects.ObjectTreeReader's opening_markers), since a killed save keeps
+# them and a resumed job writes the same name again (Orbax on gs://, commit-file mode).
+OPENING_MARKERS = frozenset({orbax.METADATA})
 # Single-file checkpoints, overwritten in place; NeMo's ``-unfinished`` markers, whose mtime
 # against the file's tells a save from a removal (lightning.py), touched again where they stand.
 MARKER_SUFFIXES = (".ckpt", ".safetensors", lightning.UNFINISHED)

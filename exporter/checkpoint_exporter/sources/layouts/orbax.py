@@ -20,7 +20,14 @@ running it on JAX 0.10.2 (tests/writers/drivers/orbax_writer.py). One save, on a
 On ``gs://`` paths, or with ``AtomicityMode.COMMIT_FILE``, ``CommitFileTemporaryPath`` writes the
 step under its final name (``_CHECKPOINT_METADATA`` right after its ``mkdir``, its commit
 timestamp null) and ``commit_success.txt``, written last, is the commit. Orbax 0.12.8 writes that
-file in rename mode too (a change made after 0.12.4), so a step under its final name is judged:
+file in rename mode too (a change made after 0.12.4). Run on ``gs://`` (gcp-storage-emulator,
+tensorstore 0.1.86 and gcsfs: tests/writers/drivers/orbax_gcs_writer.py), each item is written
+under its final name too, ``N/default/`` with its own ``commit_success.txt``, before the step's
+metadata gets its commit timestamp and the step its ``commit_success.txt``; retention deletes a
+step's objects one by one, in no set order; a killed save's ``N/`` stays as it was, and the
+resumed job saving step N again deletes it and writes it anew under the same name (which is why
+``_CHECKPOINT_METADATA`` seals no generation in object storage: layouts.OPENING_MARKERS). A step
+under its final name is judged:
 
 - ``commit_success.txt``, or a commit timestamp in ``_CHECKPOINT_METADATA``: committed (the
   timestamp is written just before the marker and the rename, after every item's data);
