@@ -18,6 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from checkpoint_exporter.demo import objects as s3
 from checkpoint_exporter.demo.cluster import JOBS, PAGES_OF, SYMPTOMS_OF
 from checkpoint_exporter.demo.cluster import dcp_metadata as demo_metadata
 from checkpoint_exporter.mixin import dashboards
@@ -32,13 +33,13 @@ ARTIFACTS = REPO / "test-artifacts"
 
 
 def free_port_block() -> int:
-    """A port p with p, p+10, p+11 and p+12 free (the demo's exporter, Prometheus, Alertmanager,
-    node_exporter)."""
+    """A port p with p and p+10 to p+13 free (the demo's exporter, Prometheus, Alertmanager,
+    node_exporter, S3 server)."""
     for _ in range(50):
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             port = probe.getsockname()[1]
-        if port + 12 < 65535 and all(_free(port + offset) for offset in (10, 11, 12)):
+        if port + 13 < 65535 and all(_free(port + offset) for offset in (10, 11, 12, 13)):
             return port
     raise AssertionError("no free port block")
 
@@ -99,9 +100,10 @@ def test_the_demo(tmp_path: Path) -> None:
         # Headless Chromium renders the landing page: a timeline per job, with marks.
         ARTIFACTS.mkdir(exist_ok=True)
         dom = chromium(f"{base}/", "--dump-dom").stdout
-        assert len(re.findall(r'<svg[^>]*class="timeline"', dom)) == 4
+        # The four jobs on disk, and the one in the embedded S3 server (moto is installed here).
+        assert len(re.findall(r'<svg[^>]*class="timeline"', dom)) == len(JOBS) + 1
         assert len(re.findall(r'class="phase-write"', dom)) >= 3
-        assert len(re.findall(r'class="deadline"', dom)) == 4
+        assert len(re.findall(r'class="deadline"', dom)) == len(JOBS) + 1
         assert re.search(r'class="[^"]*\bfailure\b', dom), "no fault drawn"
         shot = chromium(
             f"{base}/", "--window-size=1280,2200", f"--screenshot={ARTIFACTS / 'landing.png'}"
@@ -158,13 +160,28 @@ def test_the_demo(tmp_path: Path) -> None:
         late = sample(text, "checkpoint_deadline_misses_total", training_job="llama70b-b")
         assert late and late >= 1  # its slow commits: late, and not aborted (above)
 
+        # The job in object storage: its saves committed and checked (its .metadata by a ranged
+        # GET), its requests counted, its killed save aborted once and its upload left open.
+        def object_job_done() -> bool:
+            text = metrics()
+            return all(
+                (sample(text, name, training_job=s3.NAME) or 0) >= 1
+                for name in ("checkpoint_saves_committed_total", "checkpoint_saves_aborted_total")
+            )
+
+        wait_for(object_job_done, timeout=90, interval=2)
+        text = metrics()
+        assert sample(text, "checkpoint_last_committed_valid", training_job=s3.NAME) == 1
+        assert (sample(text, "checkpoint_object_store_requests_total", training_job=s3.NAME,
+                       operation="list") or 0) >= 2  # fmt: skip
+
         # Its Alertmanager received no page that its own faults do not explain.
         explained = {
             (name, job.name)
             for job in JOBS
             for fault in (job.fault, job.second_fault)
             for name in PAGES_OF.get(fault, ())
-        }
+        } | {(name, s3.NAME) for name in PAGES_OF["abort"]}
         url = f"http://127.0.0.1:{port + 11}/api/v2/alerts"
         with urllib.request.urlopen(url, timeout=10) as reply:
             received = json.load(reply)
@@ -195,7 +212,7 @@ def test_the_demo(tmp_path: Path) -> None:
     ]  # fmt: skip
     assert leftovers == []
     listening = {c.laddr.port for c in psutil.net_connections("tcp") if c.status == "LISTEN"}
-    assert not listening & {port, port + 10, port + 11, port + 12}
+    assert not listening & {port, port + 10, port + 11, port + 12, port + 13}
 
 
 def test_demo_metadata_without_torch_is_what_torch_reads(tmp_path: Path) -> None:
