@@ -173,7 +173,10 @@ def bench_fleet(jobs: int, minutes: float, workdir: Path) -> dict:
     names = [f"job-{i}" for i in range(jobs)]
     lines = [f"  - {{name: {n}, path: 's3://{FLEET}/{n}', layout: dcp}}" for n in names]
     config = parse_config("jobs:\n" + "\n".join(lines) + "\n", base_dir=workdir)
-    config = Config(**{**config.__dict__, "spool": workdir / "spool"})
+    spool = workdir / "spool"
+    spool.mkdir(mode=0o1733)
+    spool.chmod(0o1733)  # as deployed: writable by training jobs, so the daemon does not warn
+    config = Config(**{**config.__dict__, "spool": spool})
     tracker = Tracker(config)
     clock = {"wall": time.time(), "mono": 1000.0}
     scanner = Scanner(
