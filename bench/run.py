@@ -11,6 +11,8 @@ the tables of the benchmarks that ran into docs/performance.md (between its benc
   load      50 concurrent scrapers for 60 s, 200 jobs, saves continuing (load.py)
   rules     the split rules evaluated by Prometheus over 2,048 node-scope exporters x 16 jobs
             and two shared-scope replicas (rules.py)
+  objects   an s3:// job of 100,000 objects (cold read, idle reads) and 100 idle s3:// jobs
+            polled every 30 s, requests per minute; against moto on 127.0.0.1 (objects.py)
 """
 
 from __future__ import annotations
@@ -33,7 +35,9 @@ from checkpoint_exporter import __version__  # noqa: E402
 
 RESULTS = HERE / "results"
 DOC = REPO / "docs" / "performance.md"
-BENCHMARKS = ("scrape", "scan", "idle", "detect", "metadata", "sampler", "load", "rules")
+BENCHMARKS = (
+    "scrape", "scan", "idle", "detect", "metadata", "sampler", "load", "rules", "objects",
+)  # fmt: skip
 
 
 def machine() -> dict[str, object]:
@@ -230,9 +234,44 @@ def run_rules(args: argparse.Namespace) -> str:
     return table + "\n\n" + "\n\n".join(notes)
 
 
+def _requests(spent: dict[str, int]) -> str:
+    return ", ".join(f"{n} {operation.upper()}" for operation, n in sorted(spent.items()))
+
+
+def run_objects(args: argparse.Namespace) -> str:
+    from objects import bench_objects
+
+    result = bench_objects(args.object_generations, args.object_jobs, args.object_minutes)
+    _write("objects", result)
+    listing, idle = result["listing"], result["idle"]
+    listing_table = _table(
+        ["objects", "generations", "cold read s", "cold read CPU s", "cold read requests",
+         "second read requests", "idle read requests", "idle read ms", "layout parse s",
+         "request cap per read"],
+        [[f"{listing['objects']:,}", str(listing["generations"]), f"{listing['cold_seconds']:.1f}",
+          f"{listing['cold_cpu_seconds']:.1f}", _requests(listing["cold_requests"]),
+          _requests(listing["second_requests"]), f"{listing['idle_requests_per_read']:g}",
+          f"{listing['idle_ms_per_read']:.0f}", f"{listing['layout_parse_seconds']:.2f}",
+          f"{listing['max_requests_per_read']:,}"]],
+    )  # fmt: skip
+    idle_table = _table(
+        ["jobs", "generations each", "poll interval s", "minutes", "LIST/min", "LIST_UPLOADS/min",
+         "requests/min (min-max of each minute)", "expected/min", "exporter CPU s/min",
+         "% of a core"],
+        [[str(idle["jobs"]), str(idle["generations_per_job"]), f"{idle['poll_interval_s']:g}",
+          f"{idle['minutes']:g}", f"{idle['list_per_minute']:.0f}",
+          f"{idle['list_uploads_per_minute']:.0f}",
+          f"{idle['requests_per_minute']:.0f} ({idle['min_per_minute']}-{idle['max_per_minute']})",
+          f"{idle['expected_per_minute']:.0f}", f"{idle['cpu_seconds_per_minute']:.2f}",
+          f"{idle['core_percent']:.2f}"]],
+    )  # fmt: skip
+    return f"Listing 100,000 objects\n\n{listing_table}\n\nIdle requests per minute\n\n{idle_table}"
+
+
 RUNNERS: dict[str, Callable[[argparse.Namespace], str]] = {
     "scrape": run_scrape, "scan": run_scan, "idle": run_idle, "detect": run_detect,
     "metadata": run_metadata, "sampler": run_sampler, "load": run_load, "rules": run_rules,
+    "objects": run_objects,
 }  # fmt: skip
 
 
@@ -284,6 +323,9 @@ def main() -> None:
         help="the jobs each node's exporter knows from its spool, one rules row each; 0 for "
         "every job on every node (the worst case)",
     )  # fmt: skip
+    parser.add_argument("--object-generations", type=int, default=100)  # x 1,000 objects
+    parser.add_argument("--object-jobs", type=int, default=100)
+    parser.add_argument("--object-minutes", type=float, default=5)
     args = parser.parse_args()
     tables = {}
     for name in args.only:

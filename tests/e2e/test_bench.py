@@ -21,6 +21,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 import detect  # noqa: E402
 import metadata  # noqa: E402
+import objects  # noqa: E402
 import rules  # noqa: E402
 import scan  # noqa: E402
 import scrape  # noqa: E402
@@ -124,3 +125,20 @@ def test_rules_smoke_the_fleet_shape_every_series_and_every_group() -> None:
     assert one_job["series_kept_per_node"] == sum(1 for line in one if rules._name(line) in kept)
     assert one_job["head_series"] < everything["head_series"]
     assert everything["prometheus_rss_mb"] > 0 and everything["exposition_mb"] > 0
+
+
+def test_objects_smoke_counts_the_requests_of_a_listing_and_of_idle_jobs() -> None:
+    """Against moto: the cold read lists the root once and each generation once (one page of
+    1,000 keys each), the next read the same (its generations seal when two listings agree),
+    then every read is one LIST and one LIST_UPLOADS; idle jobs polled every 30 s make exactly
+    that each poll, every minute alike."""
+    result = objects.bench_objects(generations=3, jobs=4, minutes=2)
+    listing, idle = result["listing"], result["idle"]
+    assert (listing["objects"], listing["generations"], listing["layout"]) == (3000, 3, "dcp")
+    assert listing["cold_requests"] == {"list": 1 + 3, "list_uploads": 1}
+    assert listing["second_requests"] == listing["cold_requests"]
+    assert listing["idle_requests_per_read"] == 2
+    polls = 4 * 2 * 2  # jobs x polls a minute x minutes
+    assert idle["requests"] == {"list": polls, "list_uploads": polls}
+    assert idle["min_per_minute"] == idle["max_per_minute"] == idle["expected_per_minute"] == 16
+    assert idle["cpu_seconds_per_minute"] > 0

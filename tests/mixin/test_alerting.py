@@ -239,8 +239,9 @@ def test_thresholds_come_from_the_exported_objectives() -> None:
     assert f"{stale_after}\n" in expressions["CheckpointDataStale"]
     # The liveness settings of the mixin config: how long heartbeats may pause, and a finished
     # job's other ranks may take to exit.
-    settings = [f"{parse_duration(getattr(MixinConfig(), key)):g}"
-                for key in ("heartbeat_timeout", "finished_grace")]  # fmt: skip
+    # And how long an open upload may stand still.
+    keys = ("heartbeat_timeout", "finished_grace", "incomplete_upload_max_age")
+    settings = [f"{parse_duration(getattr(MixinConfig(), key)):g}" for key in keys]
     for name, expr in expressions.items():
         # No durations or byte counts written into a rule: numbers are factors, not limits.
         expr = expr.replace(stale_after, "")
@@ -620,3 +621,22 @@ def test_the_readme_alert_table_matches_the_severities() -> None:
     severity = {name: alert[0] for name, alert in ALERTS.items()}
     assert set(pages) == {name for name, level in severity.items() if level == "critical"}
     assert set(tickets) == {name for name, level in severity.items() if level == "warning"}
+
+
+def test_incomplete_upload_max_age_is_a_mixin_setting(tmp_path: Path) -> None:
+    """The open uploads' age threshold and the description's words follow the mixin config, in
+    both rules (the bytes where the store tells them, the count where it does not)."""
+    c = load_mixin(str(write_config(tmp_path, "incomplete_upload_max_age: 8d\n", "m.yaml")))
+    piling = [
+        r for g in rules.rule_groups(c)["groups"] for r in g["rules"]
+        if r.get("alert") == "CheckpointIncompleteUploadsPiling"
+    ]  # fmt: skip
+    assert len(piling) == 2
+    for rule in piling:
+        assert "_oldest_incomplete_upload_timestamp_seconds" in rule["expr"]
+        assert f"> {8 * 86400})\n" in rule["expr"]
+        assert "not grown for over 8d" in rule["annotations"]["description"]
+    assert "humanize1024" in piling[0]["annotations"]["description"]
+    assert "does not tell their size" in piling[1]["annotations"]["description"]
+    with pytest.raises(ConfigError, match="incomplete_upload_max_age"):
+        load_mixin(str(write_config(tmp_path, "incomplete_upload_max_age: 2\n", "bad.yaml")))

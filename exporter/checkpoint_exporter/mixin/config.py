@@ -66,6 +66,9 @@ ALERTS: dict[str, tuple[str, str, str]] = {
     "CheckpointCollectorFailing": (WARNING, "15m", "A checkpoint-exporter collector that used to work now fails."),
     "CheckpointDeadlineBudgetBurn": (CRITICAL, "15m", "Checkpoint deadline misses are burning the SLO's error budget: fast (several saves in hours) pages a job that pages, slow (over days) opens a ticket."),
     "CheckpointRetentionExceeded": (WARNING, "1h", "More checkpoint generations are retained than the job's limit."),
+    # A ticket: parts left by interrupted saves cost storage, they lose no checkpoint. The age
+    # threshold is the mixin's incomplete_upload_max_age; `for` rides out an evaluation gap.
+    "CheckpointIncompleteUploadsPiling": (WARNING, "1h", "Open multipart uploads under a job's object-store prefix were left by interrupted saves and cost storage until aborted."),
     "CheckpointNoRecoverableGeneration": (CRITICAL, "5m", "The job has no committed, valid checkpoint generation left."),
     "CheckpointStorageClockSkew": (WARNING, "15m", "Checkpoint file times disagree with the node's clock by more than a minute."),
     # A ticket, not a page: the interval wastes GPU time, it does not lose checkpoints. A day,
@@ -167,6 +170,12 @@ class MixinConfig:
     # A job that said it finished stays finished while no exporter saw it alive later than this
     # after (the other ranks' processes exiting).
     finished_grace: str = "10m"
+    # An open multipart upload that has not grown for this long was left by an interrupted save
+    # (a running save's upload grows, or completes, within its deadline):
+    # CheckpointIncompleteUploadsPiling. Above the two days a lifecycle rule aborting uploads
+    # after one day may take (S3 rounds up to the next midnight UTC): a bucket with that rule
+    # never opens a ticket.
+    incomplete_upload_max_age: str = "2d"
     severity: dict[str, str] = field(default_factory=dict)  # alert -> severity override
     for_: dict[str, str] = field(default_factory=dict)  # alert -> `for` override ("for" in YAML)
 
@@ -375,6 +384,7 @@ _FIELDS = (
     Field("job_running", text),
     Field("heartbeat_timeout", _duration_string(positive_duration)),
     Field("finished_grace", _duration_string(positive_duration)),
+    Field("incomplete_upload_max_age", _duration_string(positive_duration)),
     Field("severity", _alert_settings(_severity)),
     Field("for", _alert_settings(_duration_string(parse_duration))),
 )

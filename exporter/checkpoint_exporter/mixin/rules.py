@@ -334,6 +334,37 @@ def _indent(text: str) -> str:
     return "\n".join("  " + line for line in text.splitlines())
 
 
+def _incomplete_uploads_piling(c: MixinConfig, unless_stale: str) -> list[_Rule]:
+    """Open uploads whose oldest has not grown for incomplete_upload_max_age: the bytes they
+    hold, or their count where the store does not tell sizes.
+
+    The exporter dates an upload when it first sees it or sees it grow (stores report fixed or
+    drifting start times), so a save in progress, and a job whose saves always hold one upload
+    open (each replacing the last), keep the oldest recent; only an upload nothing writes to
+    ages. ``max`` across exporters: a replica that restarted dates the uploads anew, and one
+    replica's frozen view is no reason for a ticket.
+    """
+    s = "{" + c.selector + "}"
+    on = f"on ({c.cluster_label}, training_job)"
+
+    def per_job(metric: str) -> str:
+        return f"max by ({c.cluster_label}, training_job) ({metric}{s})"
+
+    oldest = per_job("checkpoint_object_store_oldest_incomplete_upload_timestamp_seconds")
+    stuck = f"time() - {oldest} > {parse_duration(c.incomplete_upload_max_age):g}"
+    held = per_job("checkpoint_object_store_incomplete_upload_bytes")
+    count = per_job("checkpoint_object_store_incomplete_uploads")
+    # The label `unit` says what the value counts (and keeps the two rules apart).
+    return [
+        _Rule(f"{held}\nand {on}\n  ({stuck})\n{unless_stale}", labels={"unit": "bytes"},
+              words={"{uploads}": "{{ $value | humanize1024 }}B of parts in multipart uploads"}),
+        _Rule(f"{count}\nunless {on} {held}\nand {on}\n  ({stuck})\n{unless_stale}",
+              labels={"unit": "uploads"},
+              words={"{uploads}": "{{ $value }} multipart upload(s) (the store does not tell "
+                                  "their size)"}),
+    ]  # fmt: skip
+
+
 def _alert_rules(c: MixinConfig) -> dict[str, list[_Rule]]:
     s = "{" + c.selector + "}"
     cl = c.cluster_label
@@ -450,6 +481,7 @@ def _alert_rules(c: MixinConfig) -> dict[str, list[_Rule]]:
             f"and on ({cl}, instance, collector) max_over_time({COLLECTOR_WORKED}[15m]) == 1"
         ),
         "CheckpointRetentionExceeded": f"{RETAINED} > {RETAINED_LIMIT}",
+        "CheckpointIncompleteUploadsPiling": _incomplete_uploads_piling(c, unless_stale),
         "CheckpointNoRecoverableGeneration": (
             f"{VALID_GENERATIONS} == 0\nand max_over_time({VALID_GENERATIONS}[1d]) > 0"
         ),
@@ -540,6 +572,7 @@ _DESCRIPTIONS = {
     "CheckpointCollectorFailing": "checkpoint-exporter {{ $labels.instance }}: collector {{ $labels.collector }} is failing.",
     "CheckpointDeadlineBudgetBurn": "{{ $labels.training_job }}: {{ $value | humanizePercentage }} of saves missed the deadline over {long} (and over {short}), against an SLO of {target}.",
     "CheckpointRetentionExceeded": "{{ $labels.training_job }}: {{ $value }} generations are retained, more than its limit.",
+    "CheckpointIncompleteUploadsPiling": "{{ $labels.training_job }}: {uploads} open under its object-store prefix, the oldest not grown for over {upload_age}: left by an interrupted save, and billed as stored until aborted. Abort the stale uploads (the runbook has the commands) and give the bucket a lifecycle rule that aborts incomplete multipart uploads after a day.",
     "CheckpointNoRecoverableGeneration": "{{ $labels.training_job }}: no committed checkpoint that passes validation is left to restore from.",
     "CheckpointStorageClockSkew": "{{ $labels.training_job }} on {{ $labels.instance }}: file times are {{ $value | humanizeDuration }} off this node's clock; ages, and time windows from disk alone, are off by as much.",
     "CheckpointIntervalOffOptimum": "{{ $labels.training_job }}: the configured interval is {{ $value | printf \"%.2f\" }}x the recommended one (Young's interval for its measured save cost, mean over a day, and its mtbf; or the save's own duration when longer); the GPU time lost to saving and to recomputing after failures is above the optimum's.",
@@ -580,6 +613,7 @@ def _alerts(c: MixinConfig, scope: str) -> list[dict[str, Any]]:
             _DESCRIPTIONS[name]
             .replace("{window}", c.event_window)
             .replace("{target}", f"{c.slo_target:.2%}")
+            .replace("{upload_age}", c.incomplete_upload_max_age)
             .replace("{running}", RUNNING_BY_SCHEDULER if c.job_running else RUNNING_BY_SIGNS)
         )
         for rule in all_rules[name]:
