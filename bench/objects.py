@@ -47,7 +47,12 @@ from checkpoint_exporter.model import COMMITTED
 from checkpoint_exporter.sources import layouts, stores
 from checkpoint_exporter.sources.layouts.base import Options
 from checkpoint_exporter.sources.listing import OpsBudget
-from checkpoint_exporter.sources.objects import LIST, LIST_UPLOADS, MAX_REQUESTS_PER_READ
+from checkpoint_exporter.sources.objects import (
+    LIST,
+    LIST_UPLOADS,
+    MAX_REQUESTS_PER_READ,
+    RequestCounter,
+)
 from checkpoint_exporter.storage_url import parse_object_url
 
 BIG, FLEET = "big", "fleet"  # the buckets: one job of 100,000 objects; the 100 idle jobs
@@ -131,8 +136,8 @@ def bench_listing(generations: int) -> dict:
     """One job of ``generations`` x 1,000 objects: its reads, request by request."""
     reader = stores.open_reader(
         parse_object_url(f"s3://{BIG}/run"), {}, OpsBudget(ScanConfig().metadata_ops_per_second),
-        content_names=layouts.ALL_CONTENT_FILES, marker_names=layouts.MARKER_NAMES,
-        max_depth=ScanConfig().max_depth,
+        RequestCounter(), content_names=layouts.ALL_CONTENT_FILES,
+        marker_names=layouts.MARKER_NAMES, max_depth=ScanConfig().max_depth,
     )  # fmt: skip
     reads = []
     for _ in range(2 + IDLE_READS):
