@@ -374,3 +374,23 @@ def test_stores_on_one_endpoint_share_a_client_and_count_their_own_requests(
     assert (
         S3Store("shared-a", {"addressing_style": "path"}, RequestCounter())._client is not a._client
     )
+
+
+@pytest.mark.parametrize(
+    ("url", "missing"),
+    [("s3://b/p", "botocore missing: install checkpoint-exporter[s3]"),
+     ("gs://b/p", "google.auth, urllib3 missing: install checkpoint-exporter[gcs]"),
+     ("az://c/p", "azure.storage.blob missing: install checkpoint-exporter[azure]")],
+)  # fmt: skip
+def test_a_store_whose_extra_is_not_installed_is_that_jobs_error(
+    url: str, missing: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from checkpoint_exporter.sources import stores
+
+    monkeypatch.setattr(stores, "_installed", lambda module: False)
+    counter = RequestCounter()
+    reader = stores.open_reader(parse_object_url(url), {}, OpsBudget(), counter, content_names=())
+    tree, stats = reader.read()
+    assert tree is None
+    assert [reason for _, reason in stats.errors] == [f"not_installed: {missing}"]
+    assert counter.totals() == ((), ())  # nothing was asked of any store

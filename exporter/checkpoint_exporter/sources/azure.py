@@ -41,7 +41,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from checkpoint_exporter.sources.listing import OpsBudget
 from checkpoint_exporter.sources.objects import (
     GET,
     HEAD,
@@ -49,15 +48,11 @@ from checkpoint_exporter.sources.objects import (
     LIST_PARTS,
     LIST_UPLOADS,
     ObjectInfo,
-    ObjectStore,
-    ObjectTreeReader,
     Page,
-    RefusedStore,
     RequestCounter,
     StoreError,
     Upload,
 )
-from checkpoint_exporter.storage_url import ObjectURL
 
 CONNECT_TIMEOUT_SECONDS = 5
 READ_TIMEOUT_SECONDS = 30
@@ -68,15 +63,6 @@ PAGE_KEYS = 1000
 PUBLIC_SUFFIX = "core.windows.net"
 
 T = TypeVar("T")
-
-
-def available() -> bool:
-    """Whether the azure extra (azure-storage-blob) is installed."""
-    try:
-        import azure.storage.blob  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def connection_settings(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
@@ -361,28 +347,3 @@ class AzureStore:
         if not uncommitted:
             return None
         return sum(int(block.size or 0) for block in uncommitted)
-
-
-def open_reader(
-    url: ObjectURL,
-    options: Mapping[str, Any],
-    budget: OpsBudget,
-    counter: RequestCounter,
-    **reader: Any,
-) -> ObjectTreeReader:
-    """The tree reader of an ``az://`` tier (on its worker: a credential may read files),
-    counting in ``counter``."""
-    store: ObjectStore
-    if not available():
-        store = RefusedStore(
-            StoreError(
-                LIST, "not_installed",
-                "azure-storage-blob is missing: install checkpoint-exporter[azure]",
-            )
-        )  # fmt: skip
-    else:
-        try:
-            store = AzureStore(url.bucket, options, counter)
-        except StoreError as error:
-            store = RefusedStore(error)
-    return ObjectTreeReader(url, store, counter, budget, **reader)

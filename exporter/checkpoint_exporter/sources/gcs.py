@@ -36,20 +36,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from checkpoint_exporter.sources.listing import OpsBudget
 from checkpoint_exporter.sources.objects import (
     GET,
     LIST,
     ObjectInfo,
-    ObjectStore,
-    ObjectTreeReader,
     Page,
-    RefusedStore,
     RequestCounter,
     StoreError,
     Upload,
 )
-from checkpoint_exporter.storage_url import ObjectURL
 
 READ_ONLY_SCOPE = "https://www.googleapis.com/auth/devstorage.read_only"
 DEFAULT_ENDPOINT = "https://storage.googleapis.com"
@@ -78,16 +73,6 @@ _REASONS = {
     503: "backendError",
     504: "backendError",
 }
-
-
-def available() -> bool:
-    """Whether the gcs extra (google-auth, urllib3) is installed."""
-    try:
-        import google.auth  # noqa: F401
-        import urllib3  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def emulator_host(environ: Mapping[str, str] = os.environ) -> str | None:
@@ -335,23 +320,3 @@ def _error_of(status: int, body: bytes) -> tuple[str, str]:
     except (ValueError, TypeError, KeyError, IndexError, AttributeError):
         pass
     return code, message
-
-
-def open_reader(
-    url: ObjectURL,
-    options: Mapping[str, Any],
-    budget: OpsBudget,
-    counter: RequestCounter,
-    **reader: Any,
-) -> ObjectTreeReader:
-    """The tree reader of a ``gs://`` tier (on its worker), counting in ``counter``."""
-    store: ObjectStore
-    if not available():
-        missing = "google-auth or urllib3 is missing: install checkpoint-exporter[gcs]"
-        store = RefusedStore(StoreError(LIST, "not_installed", missing))
-    else:
-        try:
-            store = GCSStore(url.bucket, options, counter)
-        except StoreError as error:
-            store = RefusedStore(error)
-    return ObjectTreeReader(url, store, counter, budget, **reader)

@@ -17,7 +17,6 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from checkpoint_exporter.sources.listing import OpsBudget
 from checkpoint_exporter.sources.objects import (
     GET,
     HEAD,
@@ -25,15 +24,11 @@ from checkpoint_exporter.sources.objects import (
     LIST_PARTS,
     LIST_UPLOADS,
     ObjectInfo,
-    ObjectStore,
-    ObjectTreeReader,
     Page,
-    RefusedStore,
     RequestCounter,
     StoreError,
     Upload,
 )
-from checkpoint_exporter.storage_url import ObjectURL
 
 # botocore's operation names -> the metric's operation label.
 _OPERATIONS = {
@@ -50,15 +45,6 @@ MAX_ATTEMPTS = 3  # botocore's standard retry mode backs off between them (throt
 PAGE_KEYS = 1000
 # Connections a shared client keeps: one per worker (endpoint and bucket) reading through it.
 MAX_POOL_CONNECTIONS = 32
-
-
-def available() -> bool:
-    """Whether the s3 extra (botocore) is installed."""
-    try:
-        import botocore  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def endpoint_url(options: Mapping[str, Any], environ: Mapping[str, str] = os.environ) -> str | None:
@@ -210,26 +196,3 @@ class S3Store:
                 return None
             raise
         return sum(int(part.get("Size", 0)) for part in answer.get("Parts", ()))
-
-
-def open_reader(
-    url: ObjectURL,
-    options: Mapping[str, Any],
-    budget: OpsBudget,
-    counter: RequestCounter,
-    **reader: Any,
-) -> ObjectTreeReader:
-    """The tree reader of an ``s3://`` tier (on its worker: making a client reads files)."""
-    store: ObjectStore
-    if not available():
-        store = RefusedStore(
-            StoreError(
-                LIST, "not_installed", "botocore is missing: install checkpoint-exporter[s3]"
-            )
-        )
-    else:
-        try:
-            store = S3Store(url.bucket, options, counter)
-        except StoreError as error:
-            store = RefusedStore(error)
-    return ObjectTreeReader(url, store, counter, budget, **reader)
