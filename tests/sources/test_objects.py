@@ -394,3 +394,18 @@ def test_a_store_whose_extra_is_not_installed_is_that_jobs_error(
     assert tree is None
     assert [reason for _, reason in stats.errors] == [f"not_installed: {missing}"]
     assert counter.totals() == ((), ())  # nothing was asked of any store
+
+
+def test_listed_times_are_the_stores_to_the_millisecond_however_they_are_parsed(
+    server: MotoServer, bucket: str
+) -> None:
+    from checkpoint_exporter.sources.s3 import _timestamp
+
+    put(server, bucket, "job/step-1/.metadata", 1)
+    (item,) = server.client().list_objects_v2(Bucket=bucket, Prefix="job/")["Contents"]
+    counter = RequestCounter()
+    page = S3Store(bucket, {}, counter).list_page("job/step-1/", None, None)
+    assert page.objects[0].mtime == item["LastModified"].timestamp()
+    assert _timestamp("2026-12-03T11:20:00.000Z").timestamp() == 1796296800.0
+    # What is not ISO 8601 with a zone (an HTTP date, in a header) goes to botocore's parser.
+    assert _timestamp("Thu, 03 Dec 2026 11:20:00 GMT").timestamp() == 1796296800.0
