@@ -326,3 +326,43 @@ def test_an_aborted_orbax_step_saved_again_under_its_name_commits(
     assert generations["25"].bytes == generations["20"].bytes
     assert generations["25"].step == 25
     assert (state.saves_committed, state.saves_aborted) == (1, 1)
+
+
+def test_a_torch_save_still_uploading_is_a_save_in_progress_then_aborted(
+    tmp_path: Path, server: MotoServer
+) -> None:
+    """``torch.save`` through the S3 connector for PyTorch (``S3Checkpoint.writer``) is always a
+    multipart upload at the final ``.pt`` key, even for a tiny file. An open upload there is a
+    save in progress however long its size stays still, never a file that settled: a killed
+    one is one abort, the newest committed state the file before it."""
+    client = server.client()
+    client.create_bucket(Bucket="tsave")
+    client.put_object(Bucket="tsave", Key="run/step-3.pt", Body=b"z" * 1000)
+    scanner, tracker, clocks = _scanner(
+        tmp_path,
+        "defaults: {settle: 2s, abort_after: 30s}\n"
+        "jobs:\n  - {name: tsave, path: 's3://tsave/run', layout: torchsave}\n",
+    )
+    _validate_inline(scanner)
+    scanner.turn()
+    key = "run/step-6.pt"
+    upload = client.create_multipart_upload(Bucket="tsave", Key=key)
+    client.upload_part(
+        Bucket="tsave", Key=key, UploadId=upload["UploadId"], PartNumber=1,
+        Body=b"y" * 5 * 1024 * 1024,
+    )  # fmt: skip
+    for _ in range(8):  # well past settle, the upload's size still
+        clocks.advance(1)
+        scanner.turn()
+    state = _state(tracker, "tsave")
+    generations = {g.id: g for g in state.generations}
+    assert generations["step-3.pt"].state == COMMITTED
+    assert generations["step-6.pt"].state == WRITING
+    assert state.newest_committed is not None and state.newest_committed.step == 3
+    assert (state.saves_committed, state.saves_aborted) == (1, 0)
+    for _ in range(4):  # past abort_after with nothing moved
+        clocks.advance(10)
+        scanner.turn()
+    state = _state(tracker, "tsave")
+    assert (state.saves_committed, state.saves_aborted) == (1, 1)
+    assert state.newest_committed is not None and state.newest_committed.step == 3

@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import os
 import zlib
+from array import array
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,7 @@ from checkpoint_exporter.model import ABORTED, COMMITTED, DURABLE, WRITING, Watc
 from checkpoint_exporter.sources import layouts
 from checkpoint_exporter.sources.layouts import torchsave
 from checkpoint_exporter.sources.layouts.base import ZIP, Options
-from checkpoint_exporter.sources.listing import OpsBudget, TreeReader
+from checkpoint_exporter.sources.listing import FILE, Dir, OpsBudget, TreeReader
 from checkpoint_exporter.sources.validate import BAD_ZIP, Verdict, validate
 from tests.helpers.trees import BASE, build, daemon_reader, scan
 
@@ -162,6 +163,23 @@ def test_files_written_in_place_settle_and_a_killed_one_is_a_half_zip(tmp_path: 
     assert all(gen.state == WRITING and gen.settles for gen in found.values())
     assert kinds(found) == {name: [ZIP] for name in IN_PLACE_KILLED}
     assert {gen_id: gen.bytes for gen_id, gen in found.items()} == IN_PLACE_KILLED
+
+
+def test_a_file_still_uploading_to_object_storage_never_settles() -> None:
+    """The S3 connector's ``torch.save`` is a multipart upload at the final key: the object
+    listing shows the open upload as a file marked uploading, a save in progress however still
+    its size stands; the object beside it, whole, settles as on a filesystem."""
+    names = ("step-3.pt", "step-6.pt")
+    root = Dir(
+        int(BASE * 1e9), names, FILE * 2, array("q", [1000, 8 * 2**20]),
+        array("d", [BASE, BASE]), uploading=frozenset({"step-6.pt"}),
+    )  # fmt: skip
+    found = {gen.id: gen for gen in torchsave.parse(root, Options())}
+    assert {gen_id: (gen.state, gen.settles) for gen_id, gen in found.items()} == {
+        "step-3.pt": (WRITING, True),
+        "step-6.pt": (WRITING, False),
+    }
+    assert (found["step-6.pt"].step, found["step-6.pt"].bytes) == (6, 8 * 2**20)
 
 
 def test_a_temporary_file_is_a_save_in_progress_under_its_final_name(tmp_path: Path) -> None:

@@ -57,6 +57,11 @@ So every final file ``settles`` (as Lightning's ``.ckpt``: ``base.file_generatio
 progress while its size or mtime moves, judged once still for ``settle`` by its ``ZIP`` check:
 the end record present means committed (at its last write), absent means it stays in progress
 and is aborted after ``abort_after`` (a killed in-place save: half a zip under the final name).
+In object storage (``torch.save(state, writer)`` into the S3 connector for PyTorch's
+``S3Checkpoint.writer(url)``: always a multipart upload at the final key, even a tiny file) the
+object appears only once whole; an open upload at a ``.pt`` key, no object yet, is listed as a
+file marked ``uploading`` (``Dir.uploading``): a save in progress however still its size stands,
+never settled (the zip check reads no object contents there), aborted after ``abort_after``.
 A file whose name carries no step (``last.pt``, ``best.pth``, ``model.pt``) is no generation:
 its step would have to be read from its pickle, and a ``latest.pt`` rewritten beside step files
 would report no step for the newest state. Suffixes: ``.pt`` and ``.pth`` (torch's own docs and
@@ -198,7 +203,10 @@ def parse(root: Dir, options: Options) -> list[Found]:
             continue
         if kind[0] == FINAL:
             finals.add(name)
-            found.append(file_generation(name, size, mtime, step_of(name), (Check(ZIP, name),)))
+            # An open upload at the key (no object yet) is a save in progress: never settles.
+            uploading = name in root.uploading
+            checks = (Check(ZIP, name),)
+            found.append(file_generation(name, size, mtime, step_of(name), checks, uploading))
         else:
             temporaries.append((name, kind[1], size, mtime))
     claimed: set[str] = set()
