@@ -14,7 +14,13 @@ from checkpoint_exporter.model import COMMITTED, WRITING
 from checkpoint_exporter.sources import layouts, s3
 from checkpoint_exporter.sources.layouts.base import Options
 from checkpoint_exporter.sources.listing import FILE, OpsBudget
-from checkpoint_exporter.sources.objects import BACKOFF_SECONDS, ObjectTreeReader, RequestCounter
+from checkpoint_exporter.sources.objects import (
+    BACKOFF_SECONDS,
+    MAX_UPLOADS_SIZED,
+    STALE_UPLOAD_SECONDS,
+    ObjectTreeReader,
+    RequestCounter,
+)
 from checkpoint_exporter.sources.s3 import S3Store
 from checkpoint_exporter.storage_url import parse_object_url
 from tests.helpers.moto_s3 import MotoServer, moto_server
@@ -409,3 +415,30 @@ def test_listed_times_are_the_stores_to_the_millisecond_however_they_are_parsed(
     assert _timestamp("2026-12-03T11:20:00.000Z").timestamp() == 1796296800.0
     # What is not ISO 8601 with a zone (an HTTP date, in a header) goes to botocore's parser.
     assert _timestamp("Thu, 03 Dec 2026 11:20:00 GMT").timestamp() == 1796296800.0
+
+
+def test_uploads_left_open_do_not_take_the_sizing_slots_of_a_live_save(
+    server: MotoServer, bucket: str
+) -> None:
+    """A killed 100-rank save's uploads, never aborted (no lifecycle rule), sort before the next
+    save's: they are sized once, then again only every STALE_UPLOAD_SECONDS, and the live upload
+    gets its slot (its size moving is what keeps its save from being aborted)."""
+    client = server.client()
+    for rank in range(MAX_UPLOADS_SIZED):
+        client.create_multipart_upload(Bucket=bucket, Key=f"job/step-1/__{rank:03}_0.distcp")
+    clock = Clock()
+    reader = reader_of(f"s3://{bucket}/job", clock)
+    reader.read()
+    assert requests_of(reader)["list_parts"] == MAX_UPLOADS_SIZED
+    clock.now += STALE_UPLOAD_SECONDS  # still since first seen: stale, and due once more
+    reader.read()
+    assert requests_of(reader)["list_parts"] == 2 * MAX_UPLOADS_SIZED
+    key = "job/step-2/__000_0.distcp"
+    live = client.create_multipart_upload(Bucket=bucket, Key=key)
+    client.upload_part(Bucket=bucket, Key=key, UploadId=live["UploadId"], PartNumber=1,
+                       Body=b"y" * 1000)  # fmt: skip
+    clock.now += 10
+    tree, _ = reader.read()
+    # One ListParts this read: the live upload's, though 100 others sort before it.
+    assert requests_of(reader)["list_parts"] == 2 * MAX_UPLOADS_SIZED + 1
+    assert tree.subdirs["step-2"].file("__000_0.distcp") == (1000, clock.now)

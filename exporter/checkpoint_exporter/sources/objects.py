@@ -49,6 +49,9 @@ log = logging.getLogger(__name__)
 MAX_REQUESTS_PER_READ = 1000
 # Open uploads whose parts are listed (for their size and progress) per read.
 MAX_UPLOADS_SIZED = 100
+# An upload whose size has not moved for this long (a killed save's, left open) has its parts
+# listed again only this often: the slots go to the uploads that move.
+STALE_UPLOAD_SECONDS = 600.0
 # After a read the store refused (throttled, denied, missing) or that ran over its request
 # budget, the next ones make no request for a pause that doubles while they keep failing: a
 # store is billed and throttled per request, and a read asked every second while a save is
@@ -172,6 +175,7 @@ class _Seen:
     upload: Upload
     size: int
     moved_at: float  # wall time
+    sized_at: float = 0.0  # wall time its parts were last listed
 
 
 @dataclass
@@ -371,25 +375,40 @@ class ObjectTreeReader:
         newest_first = sorted(found, key=lambda ident: ident[0])
         newest = {ident[0]: ident for ident in found}  # the last listed of each key
         newest_first.sort(key=lambda ident: newest[ident[0]] != ident)
-        following: dict[tuple[str, str], _Seen] = {}
-        for position, ident in enumerate(newest_first):
-            upload = found[ident]
-            seen = self._uploads.get(ident)
-            if seen is None:
-                seen = _Seen(upload, -1, now)  # -1: its size not known
-            if position < MAX_UPLOADS_SIZED:
-                self._spend(state)
-                size = self.store.uploaded_bytes(upload)
-                size = -1 if size is None else size
-                if size != seen.size:  # progress, seen now
-                    seen = _Seen(upload, size, now)
-            following[ident] = seen
+        following = {
+            ident: self._uploads.get(ident) or _Seen(found[ident], -1, now)  # -1: size unknown
+            for ident in newest_first
+        }
+        for ident in self._to_size(newest_first, following, now):
+            self._spend(state)
+            seen = following[ident]
+            size = self.store.uploaded_bytes(seen.upload)
+            size = -1 if size is None else size
+            moved = now if size != seen.size else seen.moved_at  # progress, seen now
+            following[ident] = _Seen(seen.upload, size, moved, sized_at=now)
         self._uploads = {ident: following[ident] for ident in found}  # the store's order
         for key, ident in newest.items():
             seen = following[ident]
             relative = key[len(self.url.prefix) :]
             generation = relative.split("/", 1)[0] if "/" in relative else ""
             state.uploads_by_generation.setdefault(generation, []).append(seen)
+
+    @staticmethod
+    def _to_size(
+        idents: list[tuple[str, str]], seen: dict[tuple[str, str], _Seen], now: float
+    ) -> list[tuple[str, str]]:
+        """The uploads whose parts this read lists, at most MAX_UPLOADS_SIZED: the ones moving
+        (or never sized) first, in the order given; one still for STALE_UPLOAD_SECONDS is listed
+        again only that often. A killed 128-rank save's uploads, left open without a lifecycle
+        rule, would otherwise take every slot, read after read, and leave a live save unsized
+        (its size, and so its progress, unseen: aborted while it uploads)."""
+
+        moving = [i for i in idents if not _still(seen[i], now)]
+        stale = [
+            i for i in idents
+            if _still(seen[i], now) and now - seen[i].sized_at >= STALE_UPLOAD_SECONDS
+        ]  # fmt: skip
+        return (moving + stale)[:MAX_UPLOADS_SIZED]
 
     def _build(
         self,
@@ -536,3 +555,8 @@ def _keep_unchanged(old: Dir | None, new: Dir) -> Dir:
         new.mtime_ns, new.names, new.kinds, new.sizes, new.mtimes, subdirs, new.contents, None,
         new.stat_at, new.stamps, new.uploading,
     )  # fmt: skip
+
+
+def _still(upload: _Seen, now: float) -> bool:
+    """Sized before, and its size has not moved for STALE_UPLOAD_SECONDS."""
+    return bool(upload.sized_at) and now - upload.moved_at >= STALE_UPLOAD_SECONDS
