@@ -20,6 +20,7 @@ from checkpoint_exporter.sources.objects import (
     STALE_UPLOAD_SECONDS,
     ObjectTreeReader,
     RequestCounter,
+    Upload,
 )
 from checkpoint_exporter.sources.s3 import S3Store
 from checkpoint_exporter.storage_url import parse_object_url
@@ -442,3 +443,19 @@ def test_uploads_left_open_do_not_take_the_sizing_slots_of_a_live_save(
     # One ListParts this read: the live upload's, though 100 others sort before it.
     assert requests_of(reader)["list_parts"] == 2 * MAX_UPLOADS_SIZED + 1
     assert tree.subdirs["step-2"].file("__000_0.distcp") == (1000, clock.now)
+
+
+def test_an_upload_of_more_than_a_thousand_parts_is_sized_in_full(
+    server: MotoServer, bucket: str
+) -> None:
+    """ListParts answers 1,000 parts a page: past the first page the size (and so the progress
+    that keeps a save from being aborted) used to stand still."""
+    client = server.client()
+    key = "job/step-1/__0_0.distcp"
+    upload = client.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
+    for number in range(1, 1003):
+        client.upload_part(Bucket=bucket, Key=key, UploadId=upload, PartNumber=number, Body=b"p")
+    counter = RequestCounter()
+    size = S3Store(bucket, {}, counter).uploaded_bytes(Upload(key, upload))
+    assert size == 1002
+    assert dict(counter.totals()[0]) == {"list_parts": 2}

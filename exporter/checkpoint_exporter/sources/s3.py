@@ -44,6 +44,7 @@ CONNECT_TIMEOUT_SECONDS = 5.0
 READ_TIMEOUT_SECONDS = 30.0
 MAX_ATTEMPTS = 3  # botocore's standard retry mode backs off between them (throttling too)
 PAGE_KEYS = 1000
+MAX_PART_PAGES = 10  # S3's most parts an upload may have, 10,000, at 1,000 a page
 # Connections a shared client keeps: one per worker (endpoint and bucket) reading through it.
 MAX_POOL_CONNECTIONS = 32
 
@@ -207,14 +208,22 @@ class S3Store:
         return uploads, None
 
     def uploaded_bytes(self, upload: Upload) -> int | None:
-        """Bytes of the parts uploaded so far (the first 1,000 parts)."""
-        try:
-            answer = self._call(
-                LIST_PARTS, "list_parts", Key=upload.key, UploadId=upload.upload_id,
-                MaxParts=PAGE_KEYS,
-            )  # fmt: skip
-        except StoreError as error:
-            if error.code == "NoSuchUpload":  # completed or aborted since it was listed
-                return None
-            raise
-        return sum(int(part.get("Size", 0)) for part in answer.get("Parts", ()))
+        """Bytes of the parts uploaded so far: every page of them (an upload has at most 10,000
+        parts, 1,000 a page; a 200 GB file in 50 MiB parts has 4,000)."""
+        total, marker = 0, 0
+        for _ in range(MAX_PART_PAGES):
+            try:
+                answer = self._call(
+                    LIST_PARTS, "list_parts", Key=upload.key, UploadId=upload.upload_id,
+                    MaxParts=PAGE_KEYS, PartNumberMarker=marker,
+                )  # fmt: skip
+            except StoreError as error:
+                if error.code == "NoSuchUpload":  # completed or aborted since it was listed
+                    return None
+                raise
+            total += sum(int(part.get("Size", 0)) for part in answer.get("Parts", ()))
+            following = int(answer.get("NextPartNumberMarker") or 0)
+            if not answer.get("IsTruncated") or following <= marker:
+                break
+            marker = following
+        return total
