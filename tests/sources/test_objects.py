@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from unittest import mock
 
 import pytest
@@ -459,3 +460,20 @@ def test_an_upload_of_more_than_a_thousand_parts_is_sized_in_full(
     size = S3Store(bucket, {}, counter).uploaded_bytes(Upload(key, upload))
     assert size == 1002
     assert dict(counter.totals()[0]) == {"list_parts": 2}
+
+
+def test_a_plain_http_endpoint_from_the_aws_config_file_is_refused_too(
+    server: MotoServer, tmp_path: Path
+) -> None:
+    """botocore reads endpoint_url from ~/.aws/config by itself: the refusal looks at the
+    endpoint the client will use, whatever named it, in any case."""
+    from checkpoint_exporter.sources.objects import StoreError
+
+    config = tmp_path / "aws-config"
+    config.write_text(f"[default]\nendpoint_url = {server.endpoint.upper()}\n")  # HTTP://...
+    env = {"AWS_ALLOW_HTTP": "", "AWS_CONFIG_FILE": str(config)}
+    with mock.patch.dict(os.environ, env), pytest.raises(StoreError) as raised:
+        del os.environ["AWS_ENDPOINT_URL"]  # restored by patch.dict
+        S3Store("bucket", {"region": "eu-north-1"}, RequestCounter())
+    assert raised.value.code == "http_refused"
+    assert "127.0.0.1" in raised.value.reason

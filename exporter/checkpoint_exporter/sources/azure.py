@@ -112,7 +112,7 @@ def allows_http(options: Mapping[str, Any], environ: Mapping[str, str] = os.envi
     if options.get("endpoint_url"):
         return False  # the config file's endpoint: only its own allow_http allows http
     settings = _settings_or_empty(environ)
-    return settings.get("BLOBENDPOINT", "").startswith("http://") or (
+    return settings.get("BLOBENDPOINT", "").lower().startswith("http://") or (
         not settings.get("BLOBENDPOINT") and settings.get("DEFAULTENDPOINTSPROTOCOL") == "http"
     )
 
@@ -149,7 +149,7 @@ def connect(options: Mapping[str, Any], environ: Mapping[str, str] = os.environ)
         raise StoreError(LIST, "no_account", "no storage account: set account_name in "
                          "storage_options, AZURE_STORAGE_ACCOUNT_NAME or "
                          "AZURE_STORAGE_CONNECTION_STRING")  # fmt: skip
-    if endpoint.startswith("http://") and not allows_http(options, environ):
+    if endpoint.lower().startswith("http://") and not allows_http(options, environ):
         raise StoreError(LIST, "http_refused", f"{endpoint} is plain HTTP: set allow_http: true "
                          "in storage_options to allow it")  # fmt: skip
     credential: Any

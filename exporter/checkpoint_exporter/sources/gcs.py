@@ -134,7 +134,7 @@ class GCSStore:
         self.endpoint = endpoint_of(options, environ)
         # Only the emulator named by the environment is spoken to without credentials.
         self.anonymous = not options.get("endpoint_url") and emulator_host(environ) is not None
-        plain = self.endpoint.startswith("http://")
+        plain = self.endpoint.lower().startswith("http://")
         if plain and not self.anonymous and not options.get("allow_http"):
             raise StoreError(
                 LIST, "http_refused",

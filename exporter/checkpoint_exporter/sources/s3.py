@@ -133,16 +133,19 @@ class S3Store:
 
     def __init__(self, bucket: str, options: Mapping[str, Any], counter: RequestCounter) -> None:
         endpoint = endpoint_url(options)
-        if endpoint and endpoint.startswith("http://") and not allows_http(options):
-            raise StoreError(
-                LIST, "http_refused",
-                f"{endpoint} is plain HTTP: set AWS_ALLOW_HTTP=true (or allow_http: true in "
-                "storage_options) to allow it",
-            )  # fmt: skip
         self.bucket = bucket
         self.counter = counter
         region = options.get("region") or os.environ.get("AWS_REGION") or None
         self._client = _client(endpoint, region, options.get("addressing_style", "auto"))
+        # The endpoint the client will use, wherever it came from (an option, the environment,
+        # or ~/.aws/config's endpoint_url, which botocore reads on its own).
+        used = str(self._client.meta.endpoint_url)
+        if used.lower().startswith("http://") and not allows_http(options):
+            raise StoreError(
+                LIST, "http_refused",
+                f"{used} is plain HTTP: set AWS_ALLOW_HTTP=true (or allow_http: true in "
+                "storage_options) to allow it",
+            )  # fmt: skip
 
     def _call(self, operation: str, method: str, **kwargs: Any) -> dict[str, Any]:
         from botocore.exceptions import BotoCoreError, ClientError
