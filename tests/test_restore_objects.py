@@ -86,3 +86,29 @@ def test_a_bucket_that_cannot_be_listed_fails_the_drill_with_its_reason(
     status, said = _drill(_config(tmp_path, "s3://no-such-bucket/run"))
     assert status == EXIT_FAILED
     assert "s3://no-such-bucket/run cannot be listed: " in said and "NoSuchBucket" in said
+
+
+def test_a_run_under_an_object_discover_root_is_drilled_with_the_roots_connection(
+    tmp_path: Path, server: MotoServer
+) -> None:
+    server.client().create_bucket(Bucket="found")
+    client = server.client()
+    for index in (0, 1):
+        client.put_object(Bucket="found", Key=f"runs/r1/step-3/__{index}_0.distcp",
+                          Body=b"\0" * SHARD)  # fmt: skip
+    client.put_object(
+        Bucket="found", Key="runs/r1/step-3/.metadata", Body=dcp_metadata_bytes(2, SHARD)
+    )
+    config = parse_config(
+        "discover:\n  - {root: 's3://found/runs', layout: dcp, storage_options: "
+        f"{{endpoint_url: '{server.endpoint}', allow_http: true}}}}\n",
+        base_dir=tmp_path,
+    )
+    (tmp_path / "spool").mkdir()
+    config = Config(**{**config.__dict__, "spool": tmp_path / "spool"})
+    err = io.StringIO()
+    with mock.patch.dict(os.environ, {"AWS_ALLOW_HTTP": ""}):
+        del os.environ["AWS_ENDPOINT_URL"]  # the root's storage_options say where, and http
+        status = run_drill(config, "r1", None, False, err=err, out=io.StringIO())
+    assert status == EXIT_OK, err.getvalue()
+    assert "generation=step-3" in err.getvalue()

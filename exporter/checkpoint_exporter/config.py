@@ -74,7 +74,7 @@ NODE, SHARED = "node", "shared"
 SCOPE_CHOICES = ("auto", NODE, SHARED)
 
 # A job name is a label value and the name of the job's spool directory.
-_JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
 
 # The shortest default abort_after: a save that wrote nothing for ten minutes is not coming back,
@@ -126,7 +126,7 @@ def _telemetry_path(value: object) -> str:
 
 def _job_name(value: object) -> str:
     name = text(value)
-    if not _JOB_NAME.fullmatch(name):
+    if not JOB_NAME.fullmatch(name):
         raise ValueError(
             f"invalid job name {name!r}: use letters, digits, '.', '_' and '-' (at most 128, "
             "starting with a letter or digit); it becomes a label value and a spool directory name"

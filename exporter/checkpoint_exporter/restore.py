@@ -73,7 +73,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from checkpoint_exporter import instrument
-from checkpoint_exporter.config import Config, JobConfig, Policy
+from checkpoint_exporter.config import JOB_NAME, Config, Policy
 from checkpoint_exporter.model import COMMITTED, WRITING, restore_preference
 from checkpoint_exporter.sources import dcp_metadata, fsread, layouts, stores
 from checkpoint_exporter.sources.dcp_metadata import MetadataError
@@ -131,16 +131,23 @@ class Target:
         return str(self.root / relative)
 
 
-def find_job(config: Config, name: str) -> tuple[Path | ObjectURL, Policy, JobConfig | None]:
-    """(durable path, policy, its config entry) of a configured or discovered job."""
+def find_job(
+    config: Config, name: str
+) -> tuple[Path | ObjectURL, Policy, tuple[tuple[str, object], ...]]:
+    """(durable path, policy, storage options) of a configured or discovered job."""
     for job in config.jobs:
         if job.name == name:
             path = parse_object_url(str(job.path)) if is_object_url(job.path) else job.path
-            return path, job.policy, job
+            return path, job.policy, job.storage_options
     for entry in config.discover:
+        if is_object_url(entry.root):  # a run is a prefix: listed by the drill itself
+            if JOB_NAME.fullmatch(name):
+                url = parse_object_url(f"{entry.root}/{name}")
+                return url, entry.policy, entry.storage_options
+            continue
         candidate = Path(entry.root) / name
         if candidate.is_dir() and not candidate.is_symlink():
-            return candidate, entry.policy, None
+            return candidate, entry.policy, ()
     raise LookupError(f"no job named {name!r} in the config or under its discover roots")
 
 
@@ -156,8 +163,8 @@ def _restorable(found: Found, settle: float, now: float) -> Found | None:
 
 def pick(config: Config, job: str, generation: str | None) -> Target:
     """The generation to restore: the one named, or the one a restart would pick."""
-    root, policy, entry = find_job(config, job)
-    tree, fetch = _list(root, entry.storage_options if entry is not None else ())
+    root, policy, options = find_job(config, job)
+    tree, fetch = _list(root, options)
     if tree is None:
         raise DrillFailed(f"{root} cannot be read")
     layout = policy.layout if policy.layout != "auto" else layouts.detect(tree)
