@@ -236,6 +236,17 @@ def test_runs_under_an_object_discover_root_are_jobs_read_with_its_connection(
     for _ in range(4):
         scanner.turn()
     assert [s.name for s in tracker.snapshot.jobs] == ["llama-c"]
+    # llama-a gave its slot away. Looked into (its generations noted), then resumed: a new
+    # generation dates it again, and once llama-c is idle in turn, it is watched again.
+    clocks.advance(30)
+    for _ in range(4):
+        scanner.turn()
+    assert "llama-a" in scanner._discoveries[0].looked_into
+    client.put_object(Bucket="runs", Key="team/llama-a/step-9/.metadata", Body=b"m")
+    clocks.advance(20 * 60)
+    for _ in range(4):
+        scanner.turn()
+    assert [s.name for s in tracker.snapshot.jobs] == ["llama-a"]
 
 
 def test_a_lightning_ckpt_still_uploading_is_a_save_in_progress_then_aborted(
@@ -366,3 +377,29 @@ def test_a_torch_save_still_uploading_is_a_save_in_progress_then_aborted(
     state = _state(tracker, "tsave")
     assert (state.saves_committed, state.saves_aborted) == (1, 1)
     assert state.newest_committed is not None and state.newest_committed.step == 3
+
+
+def test_a_node_scope_process_never_lists_an_object_discover_root(
+    tmp_path: Path, server: MotoServer
+) -> None:
+    """A bucket is shared storage: on every node of a DaemonSet, a node-scope process listing it
+    every 30 s would be thousands of LISTs a minute for nothing (none of them reads its jobs);
+    it learns the names from its spool, as under a shared directory root."""
+    from checkpoint_exporter.config import NODE, Serving
+
+    client = server.client()
+    client.create_bucket(Bucket="nodes")
+    client.put_object(Bucket="nodes", Key="team/run-1/step-1/.metadata", Body=b"m")
+    config = parse_config("discover:\n  - {root: 's3://nodes/team', layout: dcp}\n",
+                          base_dir=tmp_path)  # fmt: skip
+    config = Config(**{**config.__dict__, "spool": tmp_path / "spool",
+                       "serving": Serving(frozenset({NODE}))})  # fmt: skip
+    tracker, clocks = Tracker(config), Clocks()
+    scanner = Scanner(
+        config, tracker, watcher_factory=None, clock=lambda: clocks.wall,
+        monotonic=lambda: clocks.mono, worker_factory=InlineWorker,
+    )  # fmt: skip
+    for _ in range(4):
+        scanner.turn()
+    assert scanner._discoveries[0].store is None  # no store made, nothing listed
+    assert tracker.snapshot.jobs == ()

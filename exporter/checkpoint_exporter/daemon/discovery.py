@@ -25,8 +25,8 @@ from checkpoint_exporter.daemon.timers import (
 from checkpoint_exporter.model import DURABLE, WatchedPath
 from checkpoint_exporter.sources import fsread, stores
 from checkpoint_exporter.sources.listing import OpsBudget
-from checkpoint_exporter.sources.objects import RequestCounter, StoreError
-from checkpoint_exporter.storage_url import is_object_url, parse_object_url
+from checkpoint_exporter.sources.objects import ObjectStore, RequestCounter, StoreError
+from checkpoint_exporter.storage_url import ObjectURL, is_object_url, parse_object_url
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,9 @@ class Discovering:
         self._timers.at(DiscoverDue(index), now + discovery.entry.policy.poll_interval)
         if discovery.listing:
             return
-        if discovery.entry.policy.scope == SHARED and SHARED not in self.serving.scopes:
+        root = str(discovery.entry.root)
+        shared = discovery.entry.policy.scope == SHARED or is_object_url(root)  # a bucket is
+        if shared and SHARED not in self.serving.scopes:
             # A node-scope process never touches a shared root, not even to list it: the jobs
             # whose ranks run here are the ones writing into this node's spool. Any user may
             # make a directory there: one with no spool file is a mkdir, no job (it takes no
@@ -57,15 +59,15 @@ class Discovering:
             ]
             self._listed(Listed(discovery, found))
             return
-        root = str(discovery.entry.root)
         worker = self._worker(self._root_worker(discovery.entry))
         if worker.stuck:
             return
         discovery.listing = True
         known = frozenset(n for n, src in self._sources.items() if src.discovered_from == root)
         budget, clock = self._network_budget, self.clock
+        displaced = tuple(discovery.displaced)  # read on the worker: a copy
         worker.submit(
-            (lambda: _list_object_jobs(discovery, budget, clock()))
+            (lambda: _list_object_jobs(discovery, budget, clock(), known, displaced))
             if is_object_url(root)
             else (lambda: _list_jobs(discovery, root, known)),
             name=f"list discover root {root}",
@@ -241,33 +243,67 @@ def _empty(root_fd: int, name: str) -> bool:
 
 # Pages of a delimited listing one discovery reads: 10,000 runs under a root.
 MAX_ROOT_PAGES = 10
+# Displaced runs looked into per listing, to date them again when a generation came or went.
+MAX_REDATED = 10
+_ROOT_GONE = frozenset({"NoSuchBucket", "ContainerNotFound", "notFound"})
 
 
-def _list_object_jobs(discovery: Discovery, budget: OpsBudget, now: float) -> Listed:
+def _list_object_jobs(
+    discovery: Discovery,
+    budget: OpsBudget,
+    now: float,
+    known: frozenset[str],
+    displaced: tuple[str, ...],
+) -> Listed:
     """The prefixes under an object-store root, one per run, dated when first listed: a prefix
     has no mtime, and asking each run's newest object would cost a listing per run per poll.
     A run that appears after the first listing is newer than the runs already there, so the
-    newest still come first, and an idle run keeps its date (no two take turns)."""
+    newest still come first, and an idle run keeps its date (no two take turns); a run that
+    gave its slot away is dated again when its generations change (a resumed run saving)."""
     entry = discovery.entry
     url = parse_object_url(str(entry.root))
     if discovery.store is None:
         discovery.store = stores.open_reader(
             url, dict(entry.storage_options), budget, RequestCounter(), content_names=()
         )
+    store = discovery.store.store
     names: list[str] = []
     token: str | None = None
     try:
         for _ in range(MAX_ROOT_PAGES):
-            page = discovery.store.store.list_page(url.prefix, "/", token)
+            page = store.list_page(url.prefix, "/", token)
             names += [prefix[len(url.prefix) :].rstrip("/") for prefix in page.prefixes]
             if (token := page.token) is None:
                 break
+        else:
+            # Past the pages one listing reads: the runs already watched are kept, not forgotten.
+            log.warning("discover root %s: more than %d runs; only the first are listed",
+                        url, len(names))  # fmt: skip
+            names += sorted(known - set(names))
+        _redate(discovery, store, url, displaced, now)
     except StoreError as error:
         log.warning("cannot list discover root %s: %s: %s", url, error.code, error.reason)
-        return Listed(discovery, None, missing=error.code in ("NoSuchBucket", "ContainerNotFound"))
+        return Listed(discovery, None, missing=error.code in _ROOT_GONE)
     dates = discovery.first_listed
     for gone in set(dates) - set(names):
         del dates[gone]
     return Listed(
         discovery, [Candidate(name, dates.setdefault(name, now), False) for name in names]
     )
+
+
+def _redate(
+    discovery: Discovery, store: ObjectStore, url: ObjectURL, displaced: tuple[str, ...], now: float
+) -> None:
+    """Look into the displaced runs looked into longest ago (MAX_REDATED of them): one whose
+    generations changed since is dated now, newer than the idle runs that kept their slots."""
+    looked = discovery.looked_into
+    for name in [n for n in looked if n not in displaced]:
+        del looked[name]
+    for name in sorted(displaced, key=lambda n: looked.get(n, (0.0, frozenset()))[0])[:MAX_REDATED]:
+        page = store.list_page(f"{url.prefix}{name}/", "/", None)
+        generations = frozenset(page.prefixes) | frozenset(o.key for o in page.objects)
+        before = looked.get(name)
+        if before is not None and before[1] != generations:
+            discovery.first_listed[name] = now
+        looked[name] = (now, generations)

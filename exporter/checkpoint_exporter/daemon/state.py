@@ -101,6 +101,8 @@ class Discovery:
     # when each prefix under it was first listed (a prefix has no mtime: this dates a run).
     store: ObjectTreeReader | None = None
     first_listed: dict[str, float] = field(default_factory=dict)
+    # Displaced runs last looked into: when, and the generations then.
+    looked_into: dict[str, tuple[float, frozenset[str]]] = field(default_factory=dict)
 
 
 def configured_scope(tier: str, policy: Policy) -> str:
