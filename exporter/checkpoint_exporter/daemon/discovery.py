@@ -47,7 +47,7 @@ class Discovering:
         if discovery.listing:
             return
         root = str(discovery.entry.root)
-        shared = discovery.entry.policy.scope == SHARED or is_object_url(root)  # a bucket is
+        shared = discovery.entry.policy.scope == SHARED or is_object_url(root)  # a bucket is shared
         if shared and SHARED not in self.serving.scopes:
             # A node-scope process never touches a shared root, not even to list it: the jobs
             # whose ranks run here are the ones writing into this node's spool. Any user may
