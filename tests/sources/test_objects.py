@@ -477,3 +477,28 @@ def test_a_plain_http_endpoint_from_the_aws_config_file_is_refused_too(
         S3Store("bucket", {"region": "eu-north-1"}, RequestCounter())
     assert raised.value.code == "http_refused"
     assert "127.0.0.1" in raised.value.reason
+
+
+def test_a_policy_without_the_uploads_permissions_still_reads_the_objects(
+    server: MotoServer, bucket: str
+) -> None:
+    """s3:ListBucket and s3:GetObject granted, s3:ListBucketMultipartUploads not: the
+    generations are read, and the error names what is not seen and why."""
+    from checkpoint_exporter.sources.objects import LIST_UPLOADS, StoreError
+
+    class Denied(S3Store):
+        def list_uploads(self, prefix: str, marker: object) -> object:
+            raise StoreError(LIST_UPLOADS, "AccessDenied", "Access Denied (bucket b)")
+
+    put(server, bucket, "job/step-1/__0_0.distcp", 10)
+    put(server, bucket, "job/step-1/.metadata", 1)
+    parsed = parse_object_url(f"s3://{bucket}/job")
+    counter = RequestCounter()
+    reader = ObjectTreeReader(parsed, Denied(parsed.bucket, {}, counter), counter, OpsBudget(),
+                              layouts.ALL_CONTENT_FILES, clock=Clock())  # fmt: skip
+    tree, stats = reader.read()
+    assert tree is not None and tree.subdirs["step-1"].file("__0_0.distcp")[0] == 10
+    assert stats.errors == [(
+        "(uploads in flight)",
+        "list_uploads: AccessDenied: Access Denied (bucket b): saves in progress are not seen",
+    )]  # fmt: skip

@@ -67,6 +67,10 @@ STORE_GONE_CODES = frozenset({
     "AuthorizationPermissionMismatch", "InvalidAuthenticationInfo",
 })  # fmt: skip
 OBJECT_GONE_CODES = frozenset({"NoSuchKey", "notFound", "BlobNotFound"})
+# A request refused for want of a permission: on the uploads in flight (a policy without
+# s3:ListBucketMultipartUploads or s3:ListMultipartUploadParts), only they go unseen.
+DENIED_CODES = frozenset({"AccessDenied", "AuthorizationPermissionMismatch", "forbidden"})
+UPLOADS = "(uploads in flight)"  # how the uploads' listing is named where it failed
 
 # Operation labels of checkpoint_object_store_requests_total (object stores bill by request).
 LIST, GET, HEAD, LIST_UPLOADS, LIST_PARTS = "list", "get", "head", "list_uploads", "list_parts"
@@ -365,7 +369,15 @@ class ObjectTreeReader:
         while True:
             if getattr(self.store, "lists_uploads", True):  # GCS lists none: nothing spent
                 self._spend(state)
-            uploads, marker = self.store.list_uploads(self.url.prefix, marker)
+            try:
+                uploads, marker = self.store.list_uploads(self.url.prefix, marker)
+            except StoreError as error:
+                if error.code not in DENIED_CODES:
+                    raise
+                # A policy without s3:ListBucketMultipartUploads: the objects are still read,
+                # only the uploads in flight are not seen, and that is said.
+                self._failed(state.stats, _denied(error), self.url.prefix + UPLOADS)
+                break
             for upload in uploads:
                 found[upload.key, upload.upload_id] = upload
             if marker is None or not any(marker):  # no marker to go on from: the end
@@ -382,7 +394,13 @@ class ObjectTreeReader:
         for ident in self._to_size(newest_first, following, now):
             self._spend(state)
             seen = following[ident]
-            size = self.store.uploaded_bytes(seen.upload)
+            try:
+                size = self.store.uploaded_bytes(seen.upload)
+            except StoreError as error:
+                if error.code not in DENIED_CODES:
+                    raise
+                self._failed(state.stats, _denied(error), self.url.prefix + UPLOADS)
+                break  # the next uploads would be refused alike
             size = -1 if size is None else size
             moved = now if size != seen.size else seen.moved_at  # progress, seen now
             following[ident] = _Seen(seen.upload, size, moved, sized_at=now)
@@ -560,3 +578,7 @@ def _keep_unchanged(old: Dir | None, new: Dir) -> Dir:
 def _still(upload: _Seen, now: float) -> bool:
     """Sized before, and its size has not moved for STALE_UPLOAD_SECONDS."""
     return bool(upload.sized_at) and now - upload.moved_at >= STALE_UPLOAD_SECONDS
+
+
+def _denied(error: StoreError) -> str:
+    return f"{error.operation}: {error.code}: {error.reason}: saves in progress are not seen"
