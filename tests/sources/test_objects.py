@@ -502,3 +502,15 @@ def test_a_policy_without_the_uploads_permissions_still_reads_the_objects(
         "(uploads in flight)",
         "list_uploads: AccessDenied: Access Denied (bucket b): saves in progress are not seen",
     )]  # fmt: skip
+
+
+def test_error_codes_are_bounded_label_values() -> None:
+    counter = RequestCounter()
+    counter.error("list", "SlowDown")
+    counter.error("list", "<html>503 Service Unavailable</html>")  # what a proxy may answer
+    for number in range(40):
+        counter.error("get", f"Code{number}")
+    codes = {code for _, code, _ in counter.totals()[1]}
+    assert "SlowDown" in codes and "other" in codes
+    assert len(codes) == 20  # MAX_ERROR_CODES, "other" among them
+    assert all(len(code) <= 48 and "<" not in code for code in codes)

@@ -28,6 +28,7 @@ sources/gcs.py and sources/azure.py, chosen by the URL's scheme in sources/store
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 import zlib
@@ -71,6 +72,10 @@ OBJECT_GONE_CODES = frozenset({"NoSuchKey", "notFound", "BlobNotFound"})
 # s3:ListBucketMultipartUploads or s3:ListMultipartUploadParts), only they go unseen.
 DENIED_CODES = frozenset({"AccessDenied", "AuthorizationPermissionMismatch", "forbidden"})
 UPLOADS = "(uploads in flight)"  # how the uploads' listing is named where it failed
+
+# Distinct error codes one job's counter labels, each a short word (the rest: "other").
+MAX_ERROR_CODES = 20
+_ERROR_CODE = re.compile(r"[A-Za-z][A-Za-z0-9_.]{0,47}")
 
 # Operation labels of checkpoint_object_store_requests_total (object stores bill by request).
 LIST, GET, HEAD, LIST_UPLOADS, LIST_PARTS = "list", "get", "head", "list_uploads", "list_parts"
@@ -161,7 +166,14 @@ class RequestCounter:
             self._requests[operation] += 1
 
     def error(self, operation: str, code: str) -> None:
+        """The ``code`` label is what a store answered: a hostile or odd endpoint could make a
+        series of every answer, so it is a short word, and past MAX_ERROR_CODES codes "other"."""
         with self._lock:
+            known = {seen for _, seen in self._errors}
+            if not _ERROR_CODE.fullmatch(code) or (
+                code not in known and len(known) >= MAX_ERROR_CODES
+            ):
+                code = "other"
             self._errors[operation, code] += 1
 
     def totals(self) -> tuple[tuple[tuple[str, int], ...], tuple[tuple[str, str, int], ...]]:
