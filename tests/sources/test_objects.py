@@ -514,3 +514,16 @@ def test_error_codes_are_bounded_label_values() -> None:
     assert "SlowDown" in codes and "other" in codes
     assert len(codes) == 20  # MAX_ERROR_CODES, "other" among them
     assert all(len(code) <= 48 and "<" not in code for code in codes)
+
+
+def test_the_markers_of_deleted_generations_are_let_go(server: MotoServer, bucket: str) -> None:
+    """Orbax's _CHECKPOINT_METADATA is read in every step: a month of saves kept each one's
+    bytes (up to 64 KiB) after retention deleted the step."""
+    for step in (1, 2):
+        put(server, bucket, f"job/{step}/_CHECKPOINT_METADATA", 20)
+    reader = reader_of(f"s3://{bucket}/job")
+    reader.read()
+    assert len(reader._contents) == 2
+    server.client().delete_object(Bucket=bucket, Key="job/1/_CHECKPOINT_METADATA")
+    reader.read()
+    assert [key for key, _, _ in reader._contents] == ["job/2/_CHECKPOINT_METADATA"]

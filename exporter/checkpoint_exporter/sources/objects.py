@@ -297,7 +297,9 @@ class ObjectTreeReader:
 
     def fetch(self, relative: str, limit: int) -> bytes:
         """The first ``limit`` bytes of one object below the prefix: one ranged GET, counted
-        (the content checks of a generation: DCP's metadata)."""
+        (the content checks of a generation: DCP's metadata); none while the reads back off."""
+        if self.clock() < self._quiet_until:
+            raise StoreError(GET, "backing_off", "the store refused the last read: asked later")
         self.requests_made += 1
         return self.store.get_range(self.url.prefix + relative, limit)
 
@@ -345,6 +347,11 @@ class ObjectTreeReader:
         root_uploads = state.uploads_by_generation.get("", [])
         root = self._build(prefix, objects, root_uploads, state, depth=0)
         self._settled = settled
+        # Marker contents of generations no longer listed (deleted by retention) are let go.
+        self._contents = {
+            k: v for k, v in self._contents.items()
+            if k[0][len(prefix) :].split("/", 1)[0] in subdirs or "/" not in k[0][len(prefix) :]
+        }  # fmt: skip
         return _keep_unchanged(old, _with_subdirs(root, subdirs))
 
     def _sealed(self, name: str, previous: Dir, state: _ReadState) -> bool:
