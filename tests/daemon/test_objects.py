@@ -403,3 +403,34 @@ def test_a_node_scope_process_never_lists_an_object_discover_root(
         scanner.turn()
     assert scanner._discoveries[0].store is None  # no store made, nothing listed
     assert tracker.snapshot.jobs == ()
+
+
+def test_a_lifecycle_rule_expiring_every_generation_is_deletions_never_aborts(
+    tmp_path: Path, server: MotoServer
+) -> None:
+    """A bucket's expiration rule removes objects by age, whatever the writer keeps: each
+    generation gone is a deletion, and when the last one goes, none is left to restore from
+    (what CheckpointNoRecoverableGeneration pages on), with no abort counted."""
+    client = server.client()
+    client.create_bucket(Bucket="expiring")
+    for step in (10, 20):
+        client.put_object(Bucket="expiring", Key=f"run/step-{step}/__0_0.distcp", Body=b"x" * 10)
+        client.put_object(Bucket="expiring", Key=f"run/step-{step}/.metadata", Body=b"m")
+    scanner, tracker, clocks = _scanner(
+        tmp_path, "jobs:\n  - {name: life, path: 's3://expiring/run', layout: dcp}\n"
+    )
+    for _ in range(3):
+        scanner.turn()
+    state = _state(tracker, "life")
+    assert sorted(g.id for g in state.generations if g.state == COMMITTED) == ["step-10", "step-20"]
+    # Expired in the store's own order (a bulk delete, or key by key, markers among them).
+    for key in ("run/step-10/.metadata", "run/step-10/__0_0.distcp", "run/step-20/__0_0.distcp",
+                "run/step-20/.metadata"):  # fmt: skip
+        client.delete_object(Bucket="expiring", Key=key)
+        clocks.advance(31)
+        for _ in range(3):
+            scanner.turn()
+    state = _state(tracker, "life")
+    assert [g for g in state.generations if g.state == COMMITTED] == []
+    assert state.saves_aborted == 0
+    assert state.saves_committed == 0  # what was there at the start was history, not saves
