@@ -419,6 +419,7 @@ def test_listed_times_are_the_stores_to_the_millisecond_however_they_are_parsed(
     assert _timestamp("Thu, 03 Dec 2026 11:20:00 GMT").timestamp() == 1796296800.0
 
 
+@pytest.mark.slow  # a hundred uploads made first
 def test_uploads_left_open_do_not_take_the_sizing_slots_of_a_live_save(
     server: MotoServer, bucket: str
 ) -> None:
@@ -446,6 +447,7 @@ def test_uploads_left_open_do_not_take_the_sizing_slots_of_a_live_save(
     assert tree.subdirs["step-2"].file("__000_0.distcp") == (1000, clock.now)
 
 
+@pytest.mark.slow  # a thousand requests to the server first
 def test_an_upload_of_more_than_a_thousand_parts_is_sized_in_full(
     server: MotoServer, bucket: str
 ) -> None:
