@@ -18,14 +18,14 @@ import urllib.parse
 import urllib.request
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from tests.helpers.azurite import Azurite, azurite
 from tests.helpers.gcs_emulator import GCSEmulator, gcs_emulator
 from tests.helpers.moto_s3 import MotoServer, moto_server
-from tests.writers.harness import Driver, Truth, Watched
+from tests.writers.harness import JOB, Driver, Expected, Scenario, Truth, Watched
 
 BUCKET = "ckpt"  # the bucket (on Azure, the container) every writers test saves into
 PREFIX = "job"  # the job's folder in it
@@ -255,3 +255,23 @@ def watching_store(
             driver.close()
     finally:
         exporter.close()
+
+
+def expect_one_abort(
+    scenario: Scenario,
+    settled: Expected,
+    extra: dict[str, float] | None = None,
+    hold_in_flight: float = 0.0,
+) -> Expected:
+    """After the save killed half-way, the exporter's figures (``extra``: the store's upload
+    figures meanwhile, else ``settled``'s): a save in progress before abort_after (10 s from
+    when the exporter first saw it); then, nothing having moved for abort_after, exactly one
+    abort, logged, the newest generation kept. Returns what the exporter says once aborted."""
+    watched = scenario.watched
+    extra = settled.extra if extra is None else extra
+    watched.expect(replace(settled, in_progress=1, extra=extra), timeout=5, hold=hold_in_flight)
+    aborted = replace(settled, aborted=1, extra=extra)
+    watched.expect(aborted, timeout=scenario.deadline + scenario.settle + 20, hold=3)
+    lines = watched.log_lines("aborted")
+    assert any(f"job={JOB}" in line for line in lines), lines
+    return aborted

@@ -18,12 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.writers.harness import JOB, Expected, Scenario
+from tests.writers.harness import Expected, Scenario
 from tests.writers.objects import (
     INCOMPLETE,
     INCOMPLETE_BYTES,
     PREFIX,
     S3Bucket,
+    expect_one_abort,
     s3_bucket,
     watching_store,
 )
@@ -71,18 +72,13 @@ def test_lightning_saves_to_s3_through_fsspec(tmp_path: Path, bucket: S3Bucket) 
         assert not bucket.exists(hung["path"])
         driver.kill()
         assert bucket.objects(root) == objects
-        # Before abort_after (10 s from when the exporter first saw the upload): a save in
-        # progress, however still its size stands (never settled into a committed file),
-        # its open upload and the bytes of its part exported.
+        # In progress, however still its size stands (never settled into a committed file),
+        # then one abort: its open upload and the bytes of its part exported throughout (it
+        # stands until a lifecycle rule or someone aborts it).
         open_upload = {INCOMPLETE: 1, INCOMPLETE_BYTES: uploads[key]}
-        in_flight = replace(settled, in_progress=1, extra=open_upload)
-        watched.expect(in_flight, timeout=5, hold=scenario.settle + 2)
-        # Nothing moved for abort_after: exactly one abort, the newest file kept, the upload
-        # still exported (it stands until a lifecycle rule or someone aborts it).
-        aborted = replace(settled, aborted=1, extra=open_upload)
-        watched.expect(aborted, timeout=scenario.deadline + scenario.settle + 20, hold=3)
-        lines = watched.log_lines("aborted")
-        assert any(f"job={JOB}" in line for line in lines), lines
+        aborted = expect_one_abort(
+            scenario, settled, open_upload, hold_in_flight=scenario.settle + 2
+        )
 
         # The upload aborted (as a lifecycle rule would): no longer exported, no second abort.
         assert bucket.abort_uploads(bucket.url()) == [key]
