@@ -275,3 +275,21 @@ def expect_one_abort(
     lines = watched.log_lines("aborted")
     assert any(f"job={JOB}" in line for line in lines), lines
     return aborted
+
+
+def four_saves(
+    scenario: Scenario, store: ObjectStore, extra: dict[str, float] | None = None
+) -> tuple[list[dict], Expected]:
+    """Four saves, the oldest deleted by the writer's retention (keep 3), the figures equal to
+    the store's after each, then a quiet spell past the deadline (``Scenario.run``); then the
+    exporter settled on the newest: three kept, four commits, ``extra`` (other families). The
+    saves as reported, and that settled expectation."""
+    reported = scenario.run(kill=False)
+    assert [store.exists(line["path"]) for line in reported] == [False, True, True, True]
+    newest = reported[-1]
+    settled = Expected(
+        step=newest["step"], retained=3, newest_path=newest["path"], committed=4,
+        layout=scenario.layout, extra=extra or {},
+    )  # fmt: skip
+    scenario.watched.expect(settled)
+    return reported, settled

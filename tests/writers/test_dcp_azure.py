@@ -15,13 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.writers.harness import Expected, Scenario
+from tests.writers.harness import Scenario
 from tests.writers.objects import (
     INCOMPLETE,
     INCOMPLETE_BYTES,
     AzureContainer,
     azure_container,
     expect_one_abort,
+    four_saves,
     watching_store,
 )
 
@@ -43,19 +44,10 @@ def test_dcp_saves_to_azure_through_adlfs(tmp_path: Path, container: AzureContai
         watched,
     ):
         scenario = Scenario(driver, watched, layout="dcp")
-        # Four saves, the oldest deleted by the driver's retention (keep 3), the figures
-        # equal to the store's after each, then a quiet spell past the deadline.
-        reported = scenario.run(kill=False)
-        assert [container.exists(line["path"]) for line in reported] == [False, True, True, True]
+        reported, settled = four_saves(scenario, container, extra={INCOMPLETE: 0})
         for line in reported[1:]:
             blocks = container.committed_blocks(container.key(line["path"], "__0_0.distcp"))
             assert len(blocks) >= 3, blocks  # each shard was several staged blocks
-        newest = reported[-1]
-        settled = Expected(
-            step=newest["step"], retained=3, newest_path=newest["path"], committed=4,
-            layout="dcp", extra={INCOMPLETE: 0},
-        )  # fmt: skip
-        watched.expect(settled)
 
         # A save SIGKILLed with its shard's first blocks staged: uncommitted blocks, no blob.
         hung = driver.hang()

@@ -16,11 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.writers.harness import Expected, Scenario
+from tests.writers.harness import Scenario
 from tests.writers.objects import (
     INCOMPLETE,
     GCSBucket,
     expect_one_abort,
+    four_saves,
     gcs_bucket,
     watching_store,
 )
@@ -46,20 +47,11 @@ def test_dcp_saves_to_gcs_through_fsspec(tmp_path: Path, bucket: GCSBucket) -> N
         bucket, tmp_path, "dcp_fsspec", "torch", *DRIVER_ARGS, deadline=f"{DEADLINE:g}s"
     ) as (driver, watched):
         scenario = Scenario(driver, watched, layout="dcp", deadline=DEADLINE)
-        # Four saves, the oldest deleted by the driver's retention (keep 3), the figures
-        # equal to the store's after each, then a quiet spell past the deadline.
-        reported = scenario.run(kill=False)
-        assert [bucket.exists(line["path"]) for line in reported] == [False, True, True, True]
+        reported, settled = four_saves(scenario, bucket, extra={INCOMPLETE: 0})
         for line in reported[1:]:  # two shards, each a resumable upload, and the commit
             names = sorted(bucket.objects(line["path"]))
             expected = [".metadata", "__0_0.distcp", "__0_1.distcp"]
             assert names == [bucket.key(line["path"], name) for name in expected], names
-        newest = reported[-1]
-        settled = Expected(
-            step=newest["step"], retained=3, newest_path=newest["path"], committed=4,
-            layout="dcp", extra={INCOMPLETE: 0},
-        )  # fmt: skip
-        watched.expect(settled)
 
         # A save SIGKILLed with one shard finished and the other's upload session open
         # (whichever thread got there first): the finished shard is all the store shows.

@@ -15,12 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.writers.harness import Expected, Scenario
+from tests.writers.harness import Scenario
 from tests.writers.objects import (
     INCOMPLETE,
     INCOMPLETE_BYTES,
     S3Bucket,
     expect_one_abort,
+    four_saves,
     s3_bucket,
     watching_store,
 )
@@ -40,20 +41,11 @@ def bucket() -> Iterator[S3Bucket]:
 def test_dcp_saves_to_s3_through_fsspec(tmp_path: Path, bucket: S3Bucket) -> None:
     with watching_store(bucket, tmp_path, "dcp_fsspec", "torch", *DRIVER_ARGS) as (driver, watched):
         scenario = Scenario(driver, watched, layout="dcp")
-        # Four saves, the oldest deleted by the driver's retention (keep 3), the figures
-        # equal to the store's after each, then a quiet spell past the deadline.
-        reported = scenario.run(kill=False)
-        assert [bucket.exists(line["path"]) for line in reported] == [False, True, True, True]
+        reported, settled = four_saves(scenario, bucket, extra={INCOMPLETE: 0})
         for line in reported[1:]:
             shard = bucket.objects(line["path"])[bucket.key(line["path"], "__0_0.distcp")]
             # A completed multipart upload's ETag ends in "-<parts>": each shard was one.
             assert shard.etag.strip('"').rpartition("-")[2] in ("2", "3"), shard
-        newest = reported[-1]
-        settled = Expected(
-            step=newest["step"], retained=3, newest_path=newest["path"], committed=4,
-            layout="dcp", extra={INCOMPLETE: 0},
-        )  # fmt: skip
-        watched.expect(settled)
 
         # A save SIGKILLed with its shard's first part uploaded: an open upload, no object.
         hung = driver.hang()
