@@ -249,42 +249,49 @@ def test_runs_under_an_object_discover_root_are_jobs_read_with_its_connection(
     assert [s.name for s in tracker.snapshot.jobs] == ["llama-a"]
 
 
-def test_a_lightning_ckpt_still_uploading_is_a_save_in_progress_then_aborted(
-    tmp_path: Path, server: MotoServer
+@pytest.mark.parametrize(
+    ("layout", "committed", "uploading"),
+    [("lightning", "epoch=0-step=3.ckpt", "epoch=0-step=6.ckpt"),
+     ("torchsave", "step-3.pt", "step-6.pt")],
+)  # fmt: skip
+def test_a_file_still_uploading_is_a_save_in_progress_then_aborted(
+    tmp_path: Path, server: MotoServer, layout: str, committed: str, uploading: str
 ) -> None:
-    """Lightning on S3 writes a ``.ckpt`` with ``fs.pipe``: one PUT, or a multipart upload past
-    100 MiB. An object there is whole (S3 shows it only once complete); an open upload at a
-    ``.ckpt`` key is a save in progress however long its size stays still, never a file that
-    settled: a killed one is one abort, the newest committed state the file before it."""
+    """A file written at its final key, no temporary name: Lightning's ``.ckpt`` through
+    ``fs.pipe`` (a multipart upload past 100 MiB), ``torch.save`` through the S3 connector's
+    ``S3Checkpoint.writer`` (always a multipart upload). An object there is whole (S3 shows it
+    only once complete); an open upload at the key is a save in progress however long its size
+    stays still, never a file that settled: a killed one is one abort, the newest committed
+    state the file before it."""
     client = server.client()
-    client.create_bucket(Bucket="light")
-    client.put_object(Bucket="light", Key="run/epoch=0-step=3.ckpt", Body=b"z" * 1000)
+    bucket = f"uploading-{layout}"
+    client.create_bucket(Bucket=bucket)
+    client.put_object(Bucket=bucket, Key=f"run/{committed}", Body=b"z" * 1000)
     scanner, tracker, clocks = _scanner(
         tmp_path,
         "defaults: {settle: 2s, abort_after: 30s}\n"
-        "jobs:\n  - {name: light, path: 's3://light/run', layout: lightning}\n",
+        f"jobs:\n  - {{name: job, path: 's3://{bucket}/run', layout: {layout}}}\n",
     )
     _validate_inline(scanner)
     scanner.turn()
-    key = "run/epoch=0-step=6.ckpt"
-    upload = client.create_multipart_upload(Bucket="light", Key=key)
+    upload = client.create_multipart_upload(Bucket=bucket, Key=f"run/{uploading}")
     client.upload_part(
-        Bucket="light", Key=key, UploadId=upload["UploadId"], PartNumber=1,
+        Bucket=bucket, Key=f"run/{uploading}", UploadId=upload["UploadId"], PartNumber=1,
         Body=b"y" * 5 * 1024 * 1024,
     )  # fmt: skip
     for _ in range(8):  # well past settle, the upload's size still
         clocks.advance(1)
         scanner.turn()
-    state = _state(tracker, "light")
+    state = _state(tracker, "job")
     generations = {g.id: g for g in state.generations}
-    assert generations["epoch=0-step=3.ckpt"].state == COMMITTED
-    assert generations["epoch=0-step=6.ckpt"].state == WRITING
+    assert generations[committed].state == COMMITTED
+    assert generations[uploading].state == WRITING
     assert state.newest_committed is not None and state.newest_committed.step == 3
     assert (state.saves_committed, state.saves_aborted) == (1, 0)
     for _ in range(4):  # past abort_after with nothing moved
         clocks.advance(10)
         scanner.turn()
-    state = _state(tracker, "light")
+    state = _state(tracker, "job")
     assert (state.saves_committed, state.saves_aborted) == (1, 1)
     assert state.newest_committed is not None and state.newest_committed.step == 3
 
@@ -337,46 +344,6 @@ def test_an_aborted_orbax_step_saved_again_under_its_name_commits(
     assert generations["25"].bytes == generations["20"].bytes
     assert generations["25"].step == 25
     assert (state.saves_committed, state.saves_aborted) == (1, 1)
-
-
-def test_a_torch_save_still_uploading_is_a_save_in_progress_then_aborted(
-    tmp_path: Path, server: MotoServer
-) -> None:
-    """``torch.save`` through the S3 connector for PyTorch (``S3Checkpoint.writer``) is always a
-    multipart upload at the final ``.pt`` key, even for a tiny file. An open upload there is a
-    save in progress however long its size stays still, never a file that settled: a killed
-    one is one abort, the newest committed state the file before it."""
-    client = server.client()
-    client.create_bucket(Bucket="tsave")
-    client.put_object(Bucket="tsave", Key="run/step-3.pt", Body=b"z" * 1000)
-    scanner, tracker, clocks = _scanner(
-        tmp_path,
-        "defaults: {settle: 2s, abort_after: 30s}\n"
-        "jobs:\n  - {name: tsave, path: 's3://tsave/run', layout: torchsave}\n",
-    )
-    _validate_inline(scanner)
-    scanner.turn()
-    key = "run/step-6.pt"
-    upload = client.create_multipart_upload(Bucket="tsave", Key=key)
-    client.upload_part(
-        Bucket="tsave", Key=key, UploadId=upload["UploadId"], PartNumber=1,
-        Body=b"y" * 5 * 1024 * 1024,
-    )  # fmt: skip
-    for _ in range(8):  # well past settle, the upload's size still
-        clocks.advance(1)
-        scanner.turn()
-    state = _state(tracker, "tsave")
-    generations = {g.id: g for g in state.generations}
-    assert generations["step-3.pt"].state == COMMITTED
-    assert generations["step-6.pt"].state == WRITING
-    assert state.newest_committed is not None and state.newest_committed.step == 3
-    assert (state.saves_committed, state.saves_aborted) == (1, 0)
-    for _ in range(4):  # past abort_after with nothing moved
-        clocks.advance(10)
-        scanner.turn()
-    state = _state(tracker, "tsave")
-    assert (state.saves_committed, state.saves_aborted) == (1, 1)
-    assert state.newest_committed is not None and state.newest_committed.step == 3
 
 
 def test_a_node_scope_process_never_lists_an_object_discover_root(
