@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -20,6 +19,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+from tests.helpers.servers import free_port
 
 ACCOUNT = "devstoreaccount1"
 # The emulator's documented account key (the same in every Azurite and the old Storage Emulator).
@@ -56,12 +57,6 @@ class Azurite:
         return BlobServiceClient.from_connection_string(self.connection_string)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _answers(endpoint: str) -> bool:
     try:
         with urllib.request.urlopen(f"{endpoint}?comp=list", timeout=1):
@@ -78,7 +73,7 @@ def azurite() -> Iterator[Azurite]:
         raise RuntimeError(
             f"Azurite is not installed ({AZURITE_BLOB}): make tests/servers/node_modules"
         )
-    port = _free_port()
+    port = free_port()
     process = subprocess.Popen(
         [
             str(AZURITE_BLOB), "--inMemoryPersistence", "--skipApiVersionCheck",

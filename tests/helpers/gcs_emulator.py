@@ -7,17 +7,16 @@ from __future__ import annotations
 import base64
 import http.server
 import json
-import socket
-import subprocess
 import sys
 import threading
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+
+from tests.helpers.servers import serving
 
 PROJECT = "test-project"  # the emulator accepts any
 
@@ -65,42 +64,16 @@ class GCSEmulator:
             return bytes(answer.read())
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @contextmanager
 def gcs_emulator() -> Iterator[GCSEmulator]:
     """A running emulator in its own process (the exporter under test and the writers share no
     interpreter with it), stopped on exit."""
-    port = _free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "gcp_storage_emulator", "start", "--host", "127.0.0.1",
-         "--port", str(port), "--in-memory", "--quiet"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    endpoint = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"{endpoint}/", timeout=1):  # its health check
-                    break
-            except OSError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("gcp-storage-emulator did not start") from None
-                time.sleep(0.1)
+    with serving(
+        lambda port: [sys.executable, "-m", "gcp_storage_emulator", "start", "--host",
+                      "127.0.0.1", "--port", str(port), "--in-memory", "--quiet"],
+        "/", "gcp-storage-emulator",  # "/" is its health check
+    ) as endpoint:  # fmt: skip
         yield GCSEmulator(endpoint)
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 @dataclass

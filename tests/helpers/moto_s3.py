@@ -4,14 +4,12 @@ S3 protocol over HTTP, started and stopped by the test that uses it."""
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+
+from tests.helpers.servers import serving
 
 # Test credentials: moto accepts any. Never a real key.
 TEST_ENV = {
@@ -43,37 +41,10 @@ class MotoServer:
         )
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @contextmanager
 def moto_server() -> Iterator[MotoServer]:
-    port = _free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env={**os.environ, **TEST_ENV},
-    )
-    endpoint = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"{endpoint}/moto-api/data.json", timeout=1):
-                    break
-            except OSError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("moto server did not start") from None
-                time.sleep(0.1)
+    with serving(
+        lambda port: [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        "/moto-api/data.json", "moto server", env={**os.environ, **TEST_ENV},
+    ) as endpoint:  # fmt: skip
         yield MotoServer(endpoint)
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
