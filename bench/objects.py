@@ -47,12 +47,8 @@ from checkpoint_exporter.model import COMMITTED
 from checkpoint_exporter.sources import layouts, stores
 from checkpoint_exporter.sources.layouts.base import Options
 from checkpoint_exporter.sources.listing import OpsBudget
-from checkpoint_exporter.sources.objects import (
-    LIST,
-    LIST_UPLOADS,
-    MAX_REQUESTS_PER_READ,
-    RequestCounter,
-)
+from checkpoint_exporter.sources.object_store import LIST, LIST_UPLOADS, RequestCounter
+from checkpoint_exporter.sources.objects import MAX_REQUESTS_PER_READ
 from checkpoint_exporter.storage_url import parse_object_url
 
 BIG, FLEET = "big", "fleet"  # the buckets: one job of 100,000 objects; the 100 idle jobs

@@ -86,7 +86,7 @@ from checkpoint_exporter.sources.layouts.base import (
     Options,
 )
 from checkpoint_exporter.sources.listing import Dir, OpsBudget, TreeReader
-from checkpoint_exporter.sources.objects import RequestCounter
+from checkpoint_exporter.sources.object_store import RequestCounter
 from checkpoint_exporter.sources.untrusted import json_value
 from checkpoint_exporter.sources.validate import Limits, validate
 from checkpoint_exporter.sources.validate_objects import Fetch, validate_listing

@@ -21,7 +21,8 @@ from checkpoint_exporter.sources import azure, layouts
 from checkpoint_exporter.sources.azure import AzureStore
 from checkpoint_exporter.sources.layouts.base import Options
 from checkpoint_exporter.sources.listing import OpsBudget
-from checkpoint_exporter.sources.objects import ObjectTreeReader, RequestCounter, StoreError
+from checkpoint_exporter.sources.object_store import RequestCounter, StoreError
+from checkpoint_exporter.sources.objects import ObjectTreeReader
 from checkpoint_exporter.storage_url import parse_object_url
 from tests.helpers.azurite import ACCOUNT, ACCOUNT_KEY, Azurite, azurite
 

@@ -22,7 +22,8 @@ from checkpoint_exporter.sources import gcs, layouts
 from checkpoint_exporter.sources.gcs import GCSStore, parse_time
 from checkpoint_exporter.sources.layouts.base import Options
 from checkpoint_exporter.sources.listing import FILE, OpsBudget
-from checkpoint_exporter.sources.objects import ObjectTreeReader, RequestCounter, StoreError
+from checkpoint_exporter.sources.object_store import RequestCounter, StoreError
+from checkpoint_exporter.sources.objects import ObjectTreeReader
 from checkpoint_exporter.storage_url import parse_object_url
 from tests.helpers.gcs_emulator import Front, GCSEmulator, front, gcs_emulator
 

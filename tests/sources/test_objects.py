@@ -15,13 +15,12 @@ from checkpoint_exporter.model import COMMITTED, WRITING
 from checkpoint_exporter.sources import layouts, s3
 from checkpoint_exporter.sources.layouts.base import Options
 from checkpoint_exporter.sources.listing import FILE, OpsBudget
+from checkpoint_exporter.sources.object_store import RequestCounter, Upload
 from checkpoint_exporter.sources.objects import (
     BACKOFF_SECONDS,
     MAX_UPLOADS_SIZED,
     STALE_UPLOAD_SECONDS,
     ObjectTreeReader,
-    RequestCounter,
-    Upload,
 )
 from checkpoint_exporter.sources.s3 import S3Store
 from checkpoint_exporter.storage_url import parse_object_url
@@ -356,7 +355,7 @@ def test_an_unreachable_endpoint_is_an_error_not_a_hang(server: MotoServer) -> N
 
 
 def test_plain_http_is_refused_without_allow_http(server: MotoServer) -> None:
-    from checkpoint_exporter.sources.objects import StoreError
+    from checkpoint_exporter.sources.object_store import StoreError
 
     with mock.patch.dict(os.environ, {"AWS_ALLOW_HTTP": ""}), pytest.raises(StoreError) as raised:
         S3Store("bucket", {}, RequestCounter())
@@ -469,7 +468,7 @@ def test_a_plain_http_endpoint_from_the_aws_config_file_is_refused_too(
 ) -> None:
     """botocore reads endpoint_url from ~/.aws/config by itself: the refusal looks at the
     endpoint the client will use, whatever named it, in any case."""
-    from checkpoint_exporter.sources.objects import StoreError
+    from checkpoint_exporter.sources.object_store import StoreError
 
     config = tmp_path / "aws-config"
     config.write_text(f"[default]\nendpoint_url = {server.endpoint.upper()}\n")  # HTTP://...
@@ -486,7 +485,7 @@ def test_a_policy_without_the_uploads_permissions_still_reads_the_objects(
 ) -> None:
     """s3:ListBucket and s3:GetObject granted, s3:ListBucketMultipartUploads not: the
     generations are read, and the error names what is not seen and why."""
-    from checkpoint_exporter.sources.objects import LIST_UPLOADS, StoreError
+    from checkpoint_exporter.sources.object_store import LIST_UPLOADS, StoreError
 
     class Denied(S3Store):
         def list_uploads(self, prefix: str, marker: object) -> object:

@@ -13,7 +13,8 @@ import pytest
 from checkpoint_exporter.model import BAD_METADATA, MISSING_SHARD, TRUNCATED_SHARD
 from checkpoint_exporter.sources import dcp_metadata, layouts
 from checkpoint_exporter.sources.listing import OpsBudget
-from checkpoint_exporter.sources.objects import ObjectTreeReader, RequestCounter
+from checkpoint_exporter.sources.object_store import RequestCounter
+from checkpoint_exporter.sources.objects import ObjectTreeReader
 from checkpoint_exporter.sources.s3 import S3Store
 from checkpoint_exporter.sources.validate_objects import validate_listing
 from checkpoint_exporter.storage_url import parse_object_url

@@ -25,7 +25,7 @@ from checkpoint_exporter.daemon.timers import (
 from checkpoint_exporter.model import DURABLE, WatchedPath
 from checkpoint_exporter.sources import fsread, stores
 from checkpoint_exporter.sources.listing import OpsBudget
-from checkpoint_exporter.sources.objects import ObjectStore, RequestCounter, StoreError
+from checkpoint_exporter.sources.object_store import ObjectStore, RequestCounter, StoreError
 from checkpoint_exporter.storage_url import ObjectURL, is_object_url, parse_object_url
 
 log = logging.getLogger(__name__)

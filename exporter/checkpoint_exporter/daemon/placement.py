@@ -24,7 +24,7 @@ from checkpoint_exporter.daemon.workers import MountWorker
 from checkpoint_exporter.model import WatchedPath
 from checkpoint_exporter.sources import layouts, stores
 from checkpoint_exporter.sources.listing import TreeReader
-from checkpoint_exporter.sources.objects import RequestCounter
+from checkpoint_exporter.sources.object_store import RequestCounter
 from checkpoint_exporter.sources.watch import (
     INOTIFY,
     POLL,

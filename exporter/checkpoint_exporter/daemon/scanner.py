@@ -88,7 +88,7 @@ from checkpoint_exporter.daemon.workers import MountWorker, TaskFailed, WorkerFa
 from checkpoint_exporter.model import Verdict
 from checkpoint_exporter.sources import dcp_metadata
 from checkpoint_exporter.sources.listing import OpsBudget
-from checkpoint_exporter.sources.objects import RequestCounter
+from checkpoint_exporter.sources.object_store import RequestCounter
 from checkpoint_exporter.sources.spool import SpoolReader
 from checkpoint_exporter.sources.telemetry.node import NodeTelemetry
 from checkpoint_exporter.sources.validate import Limits

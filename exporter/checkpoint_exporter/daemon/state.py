@@ -11,7 +11,8 @@ from checkpoint_exporter.daemon.timers import ScanDue
 from checkpoint_exporter.model import DURABLE
 from checkpoint_exporter.sources import layouts
 from checkpoint_exporter.sources.listing import TreeReader
-from checkpoint_exporter.sources.objects import ObjectTreeReader, RequestCounter
+from checkpoint_exporter.sources.object_store import RequestCounter
+from checkpoint_exporter.sources.objects import ObjectTreeReader
 from checkpoint_exporter.sources.telemetry.filesystem import ProbeState
 
 # A filesystem task (a read, a stat) that completes no metadata operation for this long marks

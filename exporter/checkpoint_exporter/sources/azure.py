@@ -41,7 +41,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from checkpoint_exporter.sources.objects import (
+from checkpoint_exporter.sources.object_store import (
     GET,
     HEAD,
     LIST,

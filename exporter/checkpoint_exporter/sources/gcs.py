@@ -36,7 +36,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from checkpoint_exporter.sources.objects import (
+from checkpoint_exporter.sources.object_store import (
     GET,
     LIST,
     ObjectInfo,

@@ -21,27 +21,34 @@ way: an upload is dated when a listing first saw it, and again whenever its size
 reports 2010 for every upload; a storage clock drifts). Marker contents (``latest``,
 ``trainer_state.json``) are ranged GETs of at most ``content_limit`` bytes.
 
-The store behind it is an ``ObjectStore``: sources/s3.py (S3 and S3-compatible stores),
-sources/gcs.py and sources/azure.py, chosen by the URL's scheme in sources/stores.py.
+The store behind it is an ``ObjectStore`` (sources/object_store.py): sources/s3.py (S3 and
+S3-compatible stores), sources/gcs.py or sources/azure.py, chosen by scheme in sources/stores.py.
 """
 
 from __future__ import annotations
 
 import logging
-import re
-import threading
 import time
 import zlib
 from array import array
-from collections import Counter
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from checkpoint_exporter.model import (
     ObjectStoreUsage,
 )
 from checkpoint_exporter.sources.listing import DIR, FILE, Dir, OpsBudget, ScanStats
+from checkpoint_exporter.sources.object_store import (
+    DENIED_CODES,
+    GET,
+    OBJECT_GONE_CODES,
+    STORE_GONE_CODES,
+    ObjectInfo,
+    ObjectStore,
+    RequestCounter,
+    StoreError,
+    Upload,
+)
 from checkpoint_exporter.storage_url import ObjectURL
 
 log = logging.getLogger(__name__)
@@ -59,129 +66,11 @@ STALE_UPLOAD_SECONDS = 600.0
 # in progress would otherwise repeat the failure every second.
 BACKOFF_SECONDS = (5.0, 300.0)  # the first pause, the longest
 
-# Error codes that mean the bucket or container (or the right to read it) is gone, so nothing
-# listed before stands; and those that mean an object was deleted since it was listed.
-STORE_GONE_CODES = frozenset({
-    "NoSuchBucket", "AccessDenied", "InvalidAccessKeyId",  # S3
-    "notFound", "forbidden",  # GCS
-    "ContainerNotFound", "AuthenticationFailed", "AuthorizationFailure",  # Azure
-    "AuthorizationPermissionMismatch", "InvalidAuthenticationInfo",
-})  # fmt: skip
-OBJECT_GONE_CODES = frozenset({"NoSuchKey", "notFound", "BlobNotFound"})
-# A request refused for want of a permission: on the uploads in flight (a policy without
-# s3:ListBucketMultipartUploads or s3:ListMultipartUploadParts), only they go unseen.
-DENIED_CODES = frozenset({"AccessDenied", "AuthorizationPermissionMismatch", "forbidden"})
 UPLOADS = "(uploads in flight)"  # how the uploads' listing is named where it failed
-
-# Distinct error codes one job's counter labels, each a short word (the rest: "other").
-MAX_ERROR_CODES = 20
-_ERROR_CODE = re.compile(r"[A-Za-z][A-Za-z0-9_.]{0,47}")
-
-# Operation labels of checkpoint_object_store_requests_total (object stores bill by request).
-LIST, GET, HEAD, LIST_UPLOADS, LIST_PARTS = "list", "get", "head", "list_uploads", "list_parts"
-
-
-@dataclass(frozen=True)
-class ObjectInfo:
-    key: str
-    size: int
-    mtime: float  # the store's LastModified
-    etag: str = ""
-
-
-@dataclass(frozen=True)
-class Page:
-    objects: tuple[ObjectInfo, ...]
-    prefixes: tuple[str, ...]  # common prefixes (with a delimiter), each ending in "/"
-    token: str | None  # the next page's continuation token; None: the last page
-
-
-@dataclass(frozen=True)
-class Upload:
-    key: str
-    upload_id: str
-
-
-class StoreError(Exception):
-    """A request the store refused or never answered: ``code`` as the store names it
-    (NoSuchBucket, AccessDenied, SlowDown) or ``unreachable``; ``reason`` for people."""
-
-    def __init__(self, operation: str, code: str, reason: str) -> None:
-        super().__init__(f"{operation}: {code}: {reason}")
-        self.operation, self.code, self.reason = operation, code, reason
 
 
 class OverBudget(Exception):
     pass
-
-
-class ObjectStore(Protocol):
-    """What the reader asks of a store: one request per call."""
-
-    def list_page(self, prefix: str, delimiter: str | None, token: str | None) -> Page: ...
-
-    def get_range(self, key: str, length: int) -> bytes: ...
-
-    def list_uploads(
-        self, prefix: str, marker: tuple[str, str] | None
-    ) -> tuple[tuple[Upload, ...], tuple[str, str] | None]: ...
-
-    def uploaded_bytes(self, upload: Upload) -> int | None: ...
-
-
-class RefusedStore:
-    """A store that could not be made (its extra not installed, plain HTTP refused, no account
-    named): every request fails with the reason, so the job reports it on every read like any
-    other store error."""
-
-    def __init__(self, error: StoreError) -> None:
-        self.error = error
-
-    def list_page(self, prefix: str, delimiter: str | None, token: str | None) -> Page:
-        raise self.error
-
-    def get_range(self, key: str, length: int) -> bytes:
-        raise self.error
-
-    def list_uploads(
-        self, prefix: str, marker: tuple[str, str] | None
-    ) -> tuple[tuple[Upload, ...], tuple[str, str] | None]:
-        raise self.error
-
-    def uploaded_bytes(self, upload: Upload) -> int | None:
-        raise self.error
-
-
-class RequestCounter:
-    """Requests made and failed, by operation (and code): counted by the store's client on the
-    worker, read by the core at publish."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._requests: Counter[str] = Counter()
-        self._errors: Counter[tuple[str, str]] = Counter()
-
-    def request(self, operation: str) -> None:
-        with self._lock:
-            self._requests[operation] += 1
-
-    def error(self, operation: str, code: str) -> None:
-        """The ``code`` label is what a store answered: a hostile or odd endpoint could make a
-        series of every answer, so it is a short word, and past MAX_ERROR_CODES codes "other"."""
-        with self._lock:
-            known = {seen for _, seen in self._errors}
-            if not _ERROR_CODE.fullmatch(code) or (
-                code not in known and len(known) >= MAX_ERROR_CODES
-            ):
-                code = "other"
-            self._errors[operation, code] += 1
-
-    def totals(self) -> tuple[tuple[tuple[str, int], ...], tuple[tuple[str, str, int], ...]]:
-        with self._lock:
-            return (
-                tuple(sorted(self._requests.items())),
-                tuple(sorted((op, code, n) for (op, code), n in self._errors.items())),
-            )
 
 
 @dataclass

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from checkpoint_exporter.sources.objects import (
+from checkpoint_exporter.sources.object_store import (
     GET,
     HEAD,
     LIST,

@@ -12,14 +12,14 @@ from typing import Any
 
 from checkpoint_exporter.sources import azure, gcs, s3
 from checkpoint_exporter.sources.listing import OpsBudget
-from checkpoint_exporter.sources.objects import (
+from checkpoint_exporter.sources.object_store import (
     LIST,
     ObjectStore,
-    ObjectTreeReader,
     RefusedStore,
     RequestCounter,
     StoreError,
 )
+from checkpoint_exporter.sources.objects import ObjectTreeReader
 from checkpoint_exporter.storage_url import ObjectURL
 
 

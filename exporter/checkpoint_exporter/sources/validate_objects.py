@@ -25,7 +25,7 @@ from checkpoint_exporter.model import (
 )
 from checkpoint_exporter.sources import dcp_metadata
 from checkpoint_exporter.sources.listing import Dir
-from checkpoint_exporter.sources.objects import StoreError
+from checkpoint_exporter.sources.object_store import StoreError
 from checkpoint_exporter.sources.untrusted import excerpt
 
 # fetch(path below the tier's prefix, at most this many bytes) -> the object's first bytes.
