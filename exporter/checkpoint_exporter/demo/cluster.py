@@ -491,7 +491,10 @@ def run(workdir: Path | None, duration: float | None, port: int = DEFAULT_PORT) 
     base = f"http://127.0.0.1:{port}"
     try:
         if s3_port is not None:
-            processes.running.append(objects.start_server(s3_port, workdir / "s3.log"))
+            log = workdir / "s3.log"
+            objects.wait_for_server(
+                s3_port, processes.start(objects.server_command(s3_port), log), log
+            )
             os.environ.update(objects.ENV)  # the exporter's and the drills' connection
         (workdir / "config.yaml").write_text(_config(workdir, port, s3_port))
         exporter = processes.start(

@@ -46,23 +46,22 @@ def available() -> bool:
     return all(importlib.util.find_spec(name) for name in ("moto", "flask", "botocore"))
 
 
-def start_server(port: int, log: Path) -> subprocess.Popen:
-    """moto's S3 server on 127.0.0.1:port, answering once this returns."""
-    with open(log, "wb") as out:
-        server = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-            stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+def server_command(port: int) -> list[str]:
+    """moto's S3 server on 127.0.0.1:port (the demo's processes start it and log it)."""
+    return [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+
+
+def wait_for_server(port: int, server: subprocess.Popen, log: Path) -> None:
+    """Once this returns, the server answers."""
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/moto-api/data.json", timeout=1):
-                return server
+                return
         except OSError:
             if server.poll() is not None:
                 break
             time.sleep(0.2)
-    server.kill()
     raise RuntimeError(f"the embedded S3 server did not start; see {log}")
 
 
