@@ -821,7 +821,8 @@ def test_acceptance_against_the_demo(demo: tuple[str, Path, float], tmp_path: Pa
         assert row["queries"] or row["verdict"] == NOT_MEASURED
     # Headless Chromium renders the report with every chart.
     dom = chromium((out / "acceptance.html").as_uri(), "--dump-dom").stdout
-    assert len(re.findall(r'<svg[^>]*class="chart"', dom)) == len(document["charts"]) == 8
+    # A save-duration chart per job (five), and four across them.
+    assert len(re.findall(r'<svg[^>]*class="chart"', dom)) == len(document["charts"]) == 9
     for chart in document["charts"]:
         assert f'data-chart="{chart["key"]}"' in dom
         if chart["key"].startswith("save_duration_"):
