@@ -323,18 +323,25 @@ class ObjectTreeReader:
     def _to_size(
         idents: list[tuple[str, str]], seen: dict[tuple[str, str], _Seen], now: float
     ) -> list[tuple[str, str]]:
-        """The uploads whose parts this read lists, at most MAX_UPLOADS_SIZED: the ones moving
-        (or never sized) first, in the order given; one still for STALE_UPLOAD_SECONDS is listed
-        again only that often. A killed 128-rank save's uploads, left open without a lifecycle
-        rule, would otherwise take every slot, read after read, and leave a live save unsized
-        (its size, and so its progress, unseen: aborted while it uploads)."""
+        """The uploads whose parts this read lists, at most MAX_UPLOADS_SIZED: the ones never
+        sized first, in the order given, then the moving ones, the longest unsized first; one
+        still for STALE_UPLOAD_SECONDS is listed again only that often. A killed 128-rank
+        save's uploads, left open without a lifecycle rule, would otherwise take every slot,
+        read after read, and leave a live save unsized (its size, and so its progress, unseen:
+        aborted while it uploads)."""
 
-        moving = [i for i in idents if not _still(seen[i], now)]
+        never = [i for i in idents if not seen[i].sized_at]
+        # The moving ones in turn, the longest unsized first: a killed save's uploads are
+        # "moving" for STALE_UPLOAD_SECONDS, and must not hold the slots meanwhile.
+        moving = sorted(
+            (i for i in idents if seen[i].sized_at and not _still(seen[i], now)),
+            key=lambda i: seen[i].sized_at,
+        )
         stale = [
             i for i in idents
             if _still(seen[i], now) and now - seen[i].sized_at >= STALE_UPLOAD_SECONDS
         ]  # fmt: skip
-        return (moving + stale)[:MAX_UPLOADS_SIZED]
+        return (never + moving + stale)[:MAX_UPLOADS_SIZED]
 
     def _build(
         self,
