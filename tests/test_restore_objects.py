@@ -99,9 +99,10 @@ def test_a_run_under_an_object_discover_root_is_drilled_with_the_roots_connectio
     client.put_object(
         Bucket="found", Key="runs/r1/step-3/.metadata", Body=dcp_metadata_bytes(2, SHARD)
     )
-    config = parse_config(
-        "discover:\n  - {root: 's3://found/runs', layout: dcp, storage_options: "
-        f"{{endpoint_url: '{server.endpoint}', allow_http: true}}}}\n",
+    options = f"storage_options: {{endpoint_url: '{server.endpoint}', allow_http: true}}"
+    config = parse_config(  # the run is under the second root: the first has none of that name
+        f"discover:\n  - {{root: 's3://found/elsewhere', layout: dcp, {options}}}\n"
+        f"  - {{root: 's3://found/runs', layout: dcp, {options}}}\n",
         base_dir=tmp_path,
     )
     (tmp_path / "spool").mkdir()

@@ -86,7 +86,7 @@ from checkpoint_exporter.sources.layouts.base import (
     Options,
 )
 from checkpoint_exporter.sources.listing import Dir, OpsBudget, TreeReader
-from checkpoint_exporter.sources.object_store import RequestCounter
+from checkpoint_exporter.sources.object_store import RequestCounter, StoreError
 from checkpoint_exporter.sources.untrusted import json_value
 from checkpoint_exporter.sources.validate import Limits, validate
 from checkpoint_exporter.sources.validate_objects import Fetch, validate_listing
@@ -140,15 +140,28 @@ def find_job(
             path = parse_object_url(str(job.path)) if is_object_url(job.path) else job.path
             return path, job.policy, job.storage_options
     for entry in config.discover:
-        if is_object_url(entry.root):  # a run is a prefix: listed by the drill itself
+        if is_object_url(entry.root):  # a run is a prefix: there when something is under it
             if JOB_NAME.fullmatch(name):
                 url = parse_object_url(f"{entry.root}/{name}")
-                return url, entry.policy, entry.storage_options
+                if _listed(url, entry.storage_options):
+                    return url, entry.policy, entry.storage_options
             continue
         candidate = Path(entry.root) / name
         if candidate.is_dir() and not candidate.is_symlink():
             return candidate, entry.policy, ()
     raise LookupError(f"no job named {name!r} in the config or under its discover roots")
+
+
+def _listed(url: ObjectURL, options: tuple[tuple[str, object], ...]) -> bool:
+    """Whether anything is kept under ``url`` (one delimited LIST); a store that refuses says
+    nothing is (the drill then names the job as not found, and the log says why)."""
+    reader = stores.open_reader(url, dict(options), OpsBudget(), RequestCounter(), content_names=())
+    try:
+        page = reader.store.list_page(url.prefix, "/", None)
+    except StoreError as error:
+        print(f"restore-drill: cannot list {url}: {error.code}: {error.reason}", file=sys.stderr)
+        return False
+    return bool(page.objects or page.prefixes)
 
 
 def _restorable(found: Found, settle: float, now: float) -> Found | None:

@@ -295,15 +295,21 @@ def _list_object_jobs(
 def _redate(
     discovery: Discovery, store: ObjectStore, url: ObjectURL, displaced: tuple[str, ...], now: float
 ) -> None:
-    """Look into the displaced runs looked into longest ago (MAX_REDATED of them): one whose
-    generations changed since is dated now, newer than the idle runs that kept their slots."""
+    """Look into the displaced runs looked into longest ago (MAX_REDATED of them): one with a
+    generation new since is dated now, newer than the idle runs that kept their slots."""
     looked = discovery.looked_into
     for name in [n for n in looked if n not in displaced]:
         del looked[name]
     for name in sorted(displaced, key=lambda n: looked.get(n, (0.0, frozenset()))[0])[:MAX_REDATED]:
-        page = store.list_page(f"{url.prefix}{name}/", "/", None)
+        try:
+            page = store.list_page(f"{url.prefix}{name}/", "/", None)
+        except StoreError as error:  # this run's alone: the root's listing stands
+            log.warning("discover root %s: cannot look into %s: %s", url, name, error.code)
+            continue
         generations = frozenset(page.prefixes) | frozenset(o.key for o in page.objects)
         before = looked.get(name)
-        if before is not None and before[1] != generations:
+        # A new generation, not one gone: a lifecycle rule expiring an abandoned run's
+        # generations one by one must not make it newer than the runs that kept their slots.
+        if before is not None and generations - before[1]:
             discovery.first_listed[name] = now
         looked[name] = (now, generations)
