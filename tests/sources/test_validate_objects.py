@@ -101,3 +101,31 @@ def test_a_metadata_over_the_limit_is_bad_and_a_failed_get_is_unchecked(
     assert verdict.valid
     assert verdict.detail == "object storage: listed sizes only, content checks not run (dcp)"
     assert validate_listing(found.checks, None).unchecked
+
+
+def test_the_validator_thread_survives_a_failing_object_check(server: MotoServer) -> None:
+    """A bug of ours while checking an object generation (here: a fetch that raises what no
+    store raises) is no verdict, asked again later, and the validator goes on to the next."""
+    from checkpoint_exporter.core.tracker import ValidationRequest
+    from checkpoint_exporter.daemon.validator import Validator
+    from checkpoint_exporter.sources.validate import Limits
+
+    shards = {"__0_0.distcp": SHARD, "__1_0.distcp": SHARD}
+    reader, tree, found = _reader(server, "threads", shards, dcp_metadata_bytes(2, SHARD))
+
+    def broken(path: str, limit: int) -> bytes:
+        raise RuntimeError("a bug")
+
+    request = ValidationRequest("j", "durable", found.id, (found.bytes, found.files, 0.0), found)
+    validator = Validator(Limits())
+    validator.start()
+    try:
+        validator.submit(request, "s3://checks/threads", tree=tree, fetch=broken)
+        first = validator.verdicts.get(timeout=10)[1]
+        validator.submit(request, "s3://checks/threads", tree=tree, fetch=reader.fetch)
+        second = validator.verdicts.get(timeout=10)[1]
+    finally:
+        validator.stop()
+    assert first is not None and first.unchecked
+    assert "RuntimeError('a bug')" in first.detail
+    assert second is not None and second.valid
